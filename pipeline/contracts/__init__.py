@@ -1,0 +1,30 @@
+"""Wire contracts: every value on a topic is one of these pydantic models, with a `schema` tag."""
+
+from pipeline.contracts.dlq import DlqRecord
+from pipeline.contracts.evidence import Evidence
+from pipeline.contracts.request import ChatMessage, ReplyTo, RequestDoc, StageTiming
+from pipeline.contracts.response import Response, Status, Usage
+from pipeline.contracts.rollout import Rollout
+
+# topic value schema name (as in topics.yaml) -> model; JSON Schemas are generated from this map.
+WIRE_MODELS = {
+    "request": RequestDoc,
+    "response": Response,
+    "evidence": Evidence,
+    "rollout": Rollout,
+    "dlq": DlqRecord,
+}
+
+__all__ = [
+    "WIRE_MODELS",
+    "ChatMessage",
+    "DlqRecord",
+    "Evidence",
+    "ReplyTo",
+    "RequestDoc",
+    "Response",
+    "Rollout",
+    "StageTiming",
+    "Status",
+    "Usage",
+]

@@ -1,0 +1,90 @@
+"""The request document: one growing JSON document that flows through the stages.
+
+Each stage owns one section and fills it; sections are None until their stage has run.
+Later issues give the sections their full shape; the runtime needs only the envelope.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from pipeline.contracts.base import WireModel, now_ms
+
+REQUEST_SCHEMA = "request/v1"
+
+
+class ReplyTo(WireModel):
+    """Where the terminal answer goes: the caller owns (or shares) this partition."""
+
+    topic: str
+    partition: int = Field(ge=0)
+
+
+class ChatMessage(WireModel):
+    role: Literal["system", "user", "assistant", "tool"]
+    content: str
+
+
+class ChatBody(WireModel):
+    """The caller's ask, in OpenAI chat-completions terms."""
+
+    messages: list[ChatMessage] = Field(min_length=1)
+    model: str | None = None
+    max_tokens: int | None = Field(None, ge=1)
+    temperature: float | None = Field(None, ge=0)
+    top_p: float | None = Field(None, gt=0, le=1)
+    seed: int | None = None
+    images: list[str] = Field(default_factory=list, description="image URLs (fetched by media)")
+
+
+class Section(BaseModel):
+    """A stage's section. Open until the owning issue pins it down; always JSON-serialisable."""
+
+    model_config = ConfigDict(extra="allow")
+
+    decision: str | None = None
+    reason: str | None = None
+
+
+class StageTiming(WireModel):
+    stage: str
+    enqueued_ms: int = Field(description="record timestamp of the input record")
+    started_ms: int
+    finished_ms: int
+    queue_ms: float
+    service_ms: float
+    worker: str | None = None
+
+
+class RequestDoc(WireModel):
+    schema_: Literal["request/v1"] = Field(REQUEST_SCHEMA, alias="schema")
+    request_id: str = Field(min_length=1, max_length=128)
+    tenant_id: str | None = Field(None, max_length=128)
+    principal: str | None = None
+    # Carried only on events published straight to Kafka; mask verifies and strips it.
+    api_key: str | None = None
+    created_ms: int = Field(default_factory=now_ms)
+    deadline_ms: int | None = Field(None, description="epoch ms after which nobody waits")
+    attempt: int = Field(0, ge=0, description="caller's retry number of this request_id")
+    idempotency_key: str | None = None
+    device_id: str | None = None
+    traceparent: str | None = None
+    reply_to: ReplyTo | None = None
+    body: ChatBody
+    # stage sections, in pipeline order
+    masking: Section | None = None
+    cache: Section | None = None
+    route: Section | None = None
+    admission: Section | None = None
+    media: Section | None = None
+    vision: Section | None = None
+    generation: Section | None = None
+    result: Section | None = None
+    timings: list[StageTiming] = Field(default_factory=list)
+    # free-form labels for tests and replays (never PII)
+    labels: dict[str, Any] = Field(default_factory=dict)
+
+    def prompt_text(self) -> str:
+        return "\n".join(m.content for m in self.body.messages)

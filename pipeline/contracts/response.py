@@ -1,0 +1,57 @@
+"""The terminal answer to a caller: exactly one per request_id (duplicates are dropped by the client)."""
+
+from __future__ import annotations
+
+from enum import StrEnum
+from typing import Literal
+
+from pydantic import Field
+
+from pipeline.contracts.base import WireModel, now_ms
+
+RESPONSE_SCHEMA = "response/v1"
+
+
+class Status(StrEnum):
+    ok = "ok"
+    rejected = "rejected"
+    error = "error"
+    deadline_exceeded = "deadline_exceeded"
+
+
+class Usage(WireModel):
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+
+
+class StageTimes(WireModel):
+    queue_ms: float
+    service_ms: float
+
+
+class Response(WireModel):
+    schema_: Literal["response/v1"] = Field(RESPONSE_SCHEMA, alias="schema")
+    request_id: str
+    tenant_id: str | None = None
+    status: Status
+    text: str | None = None
+    error_class: str | None = Field(None, description="machine-readable class, e.g. schema_invalid")
+    reason: str | None = Field(None, description="one human-readable line")
+    answered_by: str = Field(description="stage that produced this answer")
+    route: str | None = None
+    model: str | None = None
+    adapter: str | None = None
+    placement: str | None = None
+    cache: str | None = Field(None, description="hit | miss | bypass")
+    usage: Usage = Usage()
+    cost_usd: float = 0.0
+    ttft_ms: float | None = None
+    tpot_ms: float | None = None
+    created_ms: int | None = Field(None, description="request creation time (for E2E)")
+    finished_ms: int = Field(default_factory=now_ms)
+    timings: dict[str, StageTimes] = Field(default_factory=dict)
+    replay_id: str = ""
+
+    @property
+    def e2e_ms(self) -> float | None:
+        return None if self.created_ms is None else float(self.finished_ms - self.created_ms)

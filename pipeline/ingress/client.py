@@ -1,0 +1,173 @@
+"""The async Python client: publish request events, await each terminal answer on a reply partition.
+
+    async with Client(bootstrap) as client:
+        response = await client.request(client.build("Hello"), timeout_s=30)
+
+Answers are correlated by request_id; delivery is at-least-once, so duplicates are dropped
+(the first answer wins) and counted in `client.duplicates`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+import uuid
+from typing import Any
+
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
+from aiokafka.errors import KafkaError
+
+from pipeline.contracts import ReplyTo, RequestDoc, Response
+from pipeline.contracts.base import now_ms
+from pipeline.contracts.request import ChatBody, ChatMessage
+from pipeline.runtime.codec import decode, encode, request_headers
+from pipeline.runtime.errors import DecodeError
+from pipeline.runtime.topics import TopicNames
+
+log = logging.getLogger(__name__)
+
+
+class ClientTimeout(TimeoutError):
+    pass
+
+
+class Client:
+    def __init__(
+        self,
+        bootstrap: str,
+        *,
+        topic_prefix: str = "llmpipe.",
+        reply_partition: int | None = None,
+        entry_topic: str = "requests",
+        default_timeout_s: float = 60.0,
+    ) -> None:
+        self.bootstrap = bootstrap
+        self.names = TopicNames(topic_prefix)
+        self.entry_topic = self.names(entry_topic)
+        self.reply_partition = reply_partition
+        self.default_timeout_s = default_timeout_s
+        self.producer: AIOKafkaProducer | None = None
+        self.consumer: AIOKafkaConsumer | None = None
+        self._pending: dict[str, asyncio.Future[Response]] = {}
+        self._answered: set[str] = set()
+        self.duplicates = 0
+        self.unknown = 0
+        self._reader: asyncio.Task | None = None
+
+    async def start(self) -> "Client":
+        self.producer = AIOKafkaProducer(bootstrap_servers=self.bootstrap, acks="all", linger_ms=1,
+                                          enable_idempotence=False, max_request_size=8 << 20)
+        await self.producer.start()
+        partitions = await self.producer.partitions_for(self.names.responses)
+        if not partitions:
+            raise RuntimeError(f"topic {self.names.responses} does not exist (run `llmpipe topics apply`)")
+        if self.reply_partition is None:
+            self.reply_partition = random.choice(sorted(partitions))
+        self.consumer = AIOKafkaConsumer(bootstrap_servers=self.bootstrap, enable_auto_commit=False,
+                                         fetch_max_wait_ms=5, auto_offset_reset="earliest")
+        await self.consumer.start()
+        tp = TopicPartition(self.names.responses, self.reply_partition)
+        self.consumer.assign([tp])
+        await self.consumer.seek_to_end(tp)
+        await self.consumer.position(tp)  # fixed before the first publish: no answer can be missed
+        self._reader = asyncio.create_task(self._read_replies())
+        return self
+
+    async def stop(self) -> None:
+        if self._reader is not None:
+            self._reader.cancel()
+            await asyncio.gather(self._reader, return_exceptions=True)
+        for fut in self._pending.values():
+            if not fut.done():
+                fut.cancel()
+        if self.consumer is not None:
+            await self.consumer.stop()
+        if self.producer is not None:
+            await self.producer.stop()
+
+    async def __aenter__(self) -> "Client":
+        return await self.start()
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.stop()
+
+    @property
+    def reply_to(self) -> ReplyTo:
+        assert self.reply_partition is not None, "start() the client first"
+        return ReplyTo(topic=self.names.responses, partition=self.reply_partition)
+
+    def build(
+        self,
+        prompt: str | None = None,
+        *,
+        body: ChatBody | None = None,
+        request_id: str | None = None,
+        timeout_s: float | None = None,
+        **fields: Any,
+    ) -> RequestDoc:
+        """A request document answered to this client; the deadline is now + timeout."""
+        if body is None:
+            if prompt is None:
+                raise ValueError("give a prompt or a body")
+            body = ChatBody(messages=[ChatMessage(role="user", content=prompt)])
+        created = now_ms()
+        return RequestDoc(
+            request_id=request_id or uuid.uuid4().hex, body=body, created_ms=created,
+            deadline_ms=fields.pop("deadline_ms", created + int(1000 * (timeout_s or self.default_timeout_s))),
+            reply_to=self.reply_to, **fields,
+        )
+
+    async def submit(self, doc: RequestDoc) -> asyncio.Future[Response]:
+        """Publish; the returned future resolves with the first answer for doc.request_id."""
+        assert self.producer is not None, "start() the client first"
+        fut = self._pending.get(doc.request_id)
+        if fut is None:
+            fut = self._pending[doc.request_id] = asyncio.get_running_loop().create_future()
+        headers = request_headers(doc.request_id, doc.tenant_id, doc.deadline_ms, doc.attempt, doc.traceparent)
+        await self.producer.send_and_wait(self.entry_topic, encode(doc), key=doc.request_id.encode(), headers=headers)
+        return fut
+
+    async def request(self, doc: RequestDoc, timeout_s: float | None = None) -> Response:
+        fut = await self.submit(doc)
+        return await self.wait(doc.request_id, fut, timeout_s)
+
+    async def wait(self, request_id: str, fut: asyncio.Future[Response], timeout_s: float | None = None) -> Response:
+        try:
+            return await asyncio.wait_for(asyncio.shield(fut), timeout_s or self.default_timeout_s)
+        except asyncio.TimeoutError:
+            self._pending.pop(request_id, None)
+            raise ClientTimeout(f"no answer for {request_id} within {timeout_s or self.default_timeout_s:.0f}s") from None
+
+    async def _read_replies(self) -> None:
+        assert self.consumer is not None
+        while True:
+            try:
+                batches = await asyncio.wait_for(self.consumer.getmany(timeout_ms=100), 10)
+            except asyncio.TimeoutError:
+                continue
+            except KafkaError as exc:
+                log.warning("client: reply poll failed: %r", exc)
+                await asyncio.sleep(0.5)
+                continue
+            for records in batches.values():
+                for rec in records:
+                    self._deliver(rec.value)
+
+    def _deliver(self, value: bytes | None) -> None:
+        try:
+            resp = decode(value, Response)
+        except DecodeError:
+            self.unknown += 1
+            return
+        rid = resp.request_id
+        if rid in self._answered:
+            self.duplicates += 1
+            return
+        fut = self._pending.pop(rid, None)
+        if fut is None:
+            self.unknown += 1  # another caller's answer on a shared partition, or one we gave up on
+            return
+        self._answered.add(rid)
+        if not fut.done():
+            fut.set_result(resp)

@@ -1,0 +1,1 @@
+"""The stage-worker runtime: consume -> bounded queue -> process -> produce -> commit."""

@@ -1,0 +1,60 @@
+"""Assemble workers from settings: one StageWorker per stage group, and the warehouse sink."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+
+from pipeline.runtime.stage_handler import StageHandler
+from pipeline.runtime.topics import TopicNames
+from pipeline.runtime.topology import Topology
+from pipeline.runtime.worker import StageWorker, default_worker_id
+from pipeline.settings import Settings
+from pipeline.stores.warehouse import Warehouse
+from pipeline.stores.warehouse_sink import SINK_STAGE, WarehouseSink
+
+log = logging.getLogger(__name__)
+
+
+def group_id(settings: Settings, stage: str) -> str:
+    return f"{settings.topic_prefix}{'sink' if stage == SINK_STAGE else 'stage.' + stage}"
+
+
+def stage_worker(settings: Settings, topology: Topology, stage: str, bootstrap: str) -> StageWorker:
+    names = TopicNames(settings.topic_prefix)
+    worker_id = settings.worker_id or default_worker_id()
+    handler = StageHandler(topology.build(stage), topology, names, worker_id)
+    topics = [names.stage_input(stage)]
+    if stage == topology.first:
+        topics.append(names.requests)  # external producers publish to `requests`
+    spec = topology.spec(stage)
+    return StageWorker(handler, settings, bootstrap=bootstrap, topics=topics, group_id=group_id(settings, stage),
+                       runtime=settings.runtime_for(spec), worker_id=worker_id)
+
+
+def sink_worker(settings: Settings, bootstrap: str, warehouse: Warehouse) -> StageWorker:
+    names = TopicNames(settings.topic_prefix)
+    worker_id = settings.worker_id or default_worker_id()
+    sink = WarehouseSink(warehouse, names, settings.sink, worker_id)
+    # the sink's batches are large: its queue must hold at least one
+    runtime = settings.runtime.model_copy(update={"queue_bound": max(settings.runtime.queue_bound, 2 * sink.max_batch)})
+    return StageWorker(sink, settings, bootstrap=bootstrap, topics=sink.topics, group_id=group_id(settings, SINK_STAGE),
+                       runtime=runtime, worker_id=worker_id)
+
+
+async def run_until_signalled(workers: list[StageWorker], stop: asyncio.Event | None = None) -> None:
+    """Start workers, wait for SIGTERM/SIGINT (or `stop`), then drain and stop them in order."""
+    stop = stop or asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    started: list[StageWorker] = []
+    try:
+        for w in workers:
+            started.append(await w.start())
+        await stop.wait()
+    finally:
+        log.info("draining %d workers", len(started))
+        for w in started:  # pipeline order: upstream stops first, downstream drains what it sent
+            await w.stop()

@@ -1,0 +1,51 @@
+"""Producing a record's outputs and knowing the broker acknowledged them.
+
+`Outputs` collects the sends of one batch; `await outputs.flush()` returns once every send was
+acknowledged (acks=all) and raises if any failed - only then may the input offsets be committed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+from aiokafka import AIOKafkaProducer
+
+from pipeline.runtime.codec import Headers
+from pipeline.settings import Settings
+
+
+def make_producer(settings: Settings, bootstrap: str) -> AIOKafkaProducer:
+    p = settings.producer
+    return AIOKafkaProducer(
+        bootstrap_servers=bootstrap,
+        acks=p.acks,
+        enable_idempotence=p.enable_idempotence,
+        linger_ms=p.linger_ms,
+        max_batch_size=p.max_batch_size,
+        max_request_size=p.max_request_size,
+        request_timeout_ms=p.request_timeout_ms,
+    )
+
+
+class Outputs:
+    def __init__(self, producer: AIOKafkaProducer) -> None:
+        self.producer = producer
+        self._pending: list[asyncio.Future] = []
+
+    async def send(
+        self,
+        topic: str,
+        value: bytes,
+        *,
+        key: bytes | None = None,
+        partition: int | None = None,
+        headers: Headers | None = None,
+    ) -> None:
+        fut = await self.producer.send(topic, value, key=key, partition=partition, headers=headers or [])
+        self._pending.append(fut)
+
+    async def flush(self) -> int:
+        pending, self._pending = self._pending, []
+        if pending:
+            await asyncio.gather(*pending)  # raises the first send failure
+        return len(pending)

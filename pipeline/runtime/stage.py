@@ -1,0 +1,104 @@
+"""The Stage API: what a stage implements and what it returns. No Kafka in here.
+
+A stage's policy is plain functions over pydantic models; the Stage class adapts them to the
+runtime: `process_batch(docs)` returns one Outcome (or an exception) per document.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+import orjson
+
+from pipeline.contracts import Evidence, RequestDoc, Response, Rollout
+from pipeline.settings import RuntimeSettings, Settings, StageSpec
+
+
+@dataclass
+class Outcome:
+    """A stage's decision for one request: forward the document, or answer the caller."""
+
+    doc: RequestDoc
+    evidence: list[Evidence] = field(default_factory=list)
+    response: Response | None = None  # set: terminal answer, nothing is forwarded
+    next_stage: str | None = None  # None: the topology's next stage
+    rollouts: list[Rollout] = field(default_factory=list)
+
+    @classmethod
+    def forward(cls, doc: RequestDoc, *evidence: Evidence, to: str | None = None) -> "Outcome":
+        return cls(doc=doc, evidence=list(evidence), next_stage=to)
+
+    @classmethod
+    def answer(cls, doc: RequestDoc, response: Response, *evidence: Evidence) -> "Outcome":
+        return cls(doc=doc, evidence=list(evidence), response=response)
+
+
+@dataclass
+class StageContext:
+    spec: StageSpec
+    settings: Settings
+    runtime: RuntimeSettings
+
+    @property
+    def name(self) -> str:
+        return self.spec.name
+
+    @property
+    def policy(self) -> dict[str, Any]:
+        return self.spec.policy
+
+
+class Stage:
+    """Base class of every stage. Subclasses set batching and implement `process` or `process_batch`."""
+
+    #: micro-batching: up to max_batch records, waiting at most max_wait_ms for the batch to fill
+    max_batch: ClassVar[int] = 1
+    max_wait_ms: ClassVar[int] = 0
+    #: replayed records are re-decided even though their deadline has long passed
+    input_model: ClassVar[type[RequestDoc]] = RequestDoc
+
+    def __init__(self, ctx: StageContext) -> None:
+        self.ctx = ctx
+        self.name = ctx.name
+
+    @property
+    def policy_version(self) -> str:
+        """Explicit `policy.version`, else a digest of the policy: two policies never share a version."""
+        explicit = self.ctx.policy.get("version")
+        if explicit:
+            return str(explicit)
+        digest = hashlib.sha256(orjson.dumps(self.ctx.policy, option=orjson.OPT_SORT_KEYS)).hexdigest()
+        return f"sha256:{digest[:12]}"
+
+    async def start(self) -> None:
+        """Load models, open stores. Called once before the first record."""
+
+    async def stop(self) -> None:
+        """Release what start() took."""
+
+    async def process(self, doc: RequestDoc) -> Outcome:
+        raise NotImplementedError(f"{type(self).__name__} implements neither process nor process_batch")
+
+    async def process_batch(self, docs: list[RequestDoc]) -> list[Outcome | BaseException]:
+        out: list[Outcome | BaseException] = []
+        for doc in docs:
+            try:
+                out.append(await self.process(doc))
+            except Exception as exc:  # noqa: BLE001 - the runtime classifies it
+                out.append(exc)
+        return out
+
+    def evidence(self, doc: RequestDoc, decision: str, reason: str = "", **fields: Any) -> Evidence:
+        """An evidence row for this stage; the runtime stamps worker, offsets and timings."""
+        return Evidence(
+            request_id=doc.request_id,
+            tenant_id=doc.tenant_id or "",
+            stage=self.name,
+            decision=decision,
+            reason=reason,
+            policy_version=self.policy_version,
+            attempt=doc.attempt,
+            **fields,
+        )

@@ -1,0 +1,278 @@
+"""The record protocol of a request stage, step by step for each record of a batch:
+
+1. Decode the value into the stage's input model. Undecodable or schema-invalid: DLQ with the
+   original bytes, and an `error` answer to the caller when its request_id and reply_to can be
+   read from what did parse.
+2. Deadline: past `deadline_ms`, the record is not processed; it is answered
+   `deadline_exceeded` with an evidence row. (Replays re-decide regardless of deadlines.)
+3. Process the batch through the stage; failures are retried up to `max_attempts` with
+   backoff (PermanentError: not retried), then DLQ + `error` answer + evidence.
+4. Outputs: the runtime appends the stage's timing record, stamps every evidence row (worker,
+   partition, offset, timings, replay_id/shadow) and produces the forward or the answer, the
+   evidence and the rollouts. In shadow mode only evidence is produced.
+5. Flush: return only when the broker acknowledged every output of the batch.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from aiokafka import AIOKafkaProducer
+
+from pipeline.contracts import Evidence, ReplyTo, RequestDoc, Response, StageTiming, Status
+from pipeline.contracts.response import StageTimes
+from pipeline.runtime.codec import decode, encode, header_map, request_headers
+from pipeline.runtime.dlq import dead_letter
+from pipeline.runtime.errors import DecodeError, StageError, TopologyError
+from pipeline.runtime.handler import Item
+from pipeline.runtime.metrics import StageMetrics
+from pipeline.runtime.outputs import Outputs
+from pipeline.runtime.stage import Outcome, Stage
+from pipeline.runtime.topics import TopicNames
+from pipeline.runtime.topology import Topology
+
+log = logging.getLogger(__name__)
+
+
+def now_ms() -> int:
+    return int(time.time() * 1000)
+
+
+@dataclass
+class ReplayMode:
+    replay_id: str
+    shadow: bool
+
+
+@dataclass
+class _Work:
+    item: Item
+    doc: RequestDoc
+    started_ms: int
+
+
+class StageHandler:
+    """Drives one Stage under the record protocol above."""
+
+    def __init__(
+        self,
+        stage: Stage,
+        topology: Topology,
+        names: TopicNames,
+        worker_id: str,
+        *,
+        replay: ReplayMode | None = None,
+        on_evidence: Callable[[list[Evidence]], None] | None = None,
+    ) -> None:
+        self.stage = stage
+        self.name = stage.name
+        self.topology = topology
+        self.names = names
+        self.worker_id = worker_id
+        self.replay = replay
+        self.on_evidence = on_evidence
+        rt = stage.ctx.runtime
+        self.max_batch = stage.max_batch
+        self.max_wait_ms = stage.max_wait_ms
+        self.concurrency = rt.concurrency
+        self.max_attempts = rt.max_attempts
+        self.backoff_ms = rt.retry_backoff_ms
+        self.metrics = StageMetrics(stage.name)
+        self.producer: AIOKafkaProducer | None = None
+
+    async def start(self, producer: AIOKafkaProducer) -> None:
+        self.producer = producer
+        await self.stage.start()
+
+    async def stop(self) -> None:
+        await self.stage.stop()
+
+    # ---- the protocol --------------------------------------------------------------------
+
+    async def handle(self, items: list[Item]) -> None:
+        assert self.producer is not None
+        out = Outputs(self.producer)
+        work: list[_Work] = []
+        for it in items:
+            started = now_ms()
+            try:
+                doc = decode(it.record.value, self.stage.input_model)
+            except DecodeError as exc:
+                await self._poison(out, it, exc.error_class, str(exc), attempts=0, raw=exc.raw)
+                continue
+            if self.replay is None and doc.deadline_ms is not None and started > doc.deadline_ms:
+                await self._deadline_exceeded(out, it, doc, started)
+                continue
+            work.append(_Work(it, doc, started))
+        if work:
+            outcomes = await self._process_with_retries([w.doc for w in work])
+            for w, result in zip(work, outcomes):
+                if isinstance(result, Outcome):
+                    await self._emit(out, w, result)
+                else:
+                    await self._failed(out, w, result)
+        await out.flush()
+
+    async def _process_with_retries(self, docs: list[RequestDoc]) -> list[Outcome | BaseException]:
+        results: list[Outcome | BaseException] = [RuntimeError("not processed")] * len(docs)
+        todo = list(range(len(docs)))
+        for attempt in range(1, self.max_attempts + 1):
+            t0 = time.perf_counter()
+            try:
+                batch = await self.stage.process_batch([docs[i] for i in todo])
+                if len(batch) != len(todo):
+                    raise TopologyError(f"{self.name}.process_batch returned {len(batch)} results for {len(todo)} records")
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # noqa: BLE001 - a batch-level failure fails every record
+                batch = [exc] * len(todo)
+            self.metrics.service.observe((time.perf_counter() - t0) / max(1, len(todo)))
+            retry = []
+            for i, res in zip(todo, batch):
+                results[i] = res
+                if isinstance(res, BaseException) and getattr(res, "retryable", True):
+                    retry.append(i)
+            if not retry or attempt == self.max_attempts:
+                break
+            self.metrics.retries.inc(len(retry))
+            await asyncio.sleep(self.backoff_ms * (2 ** (attempt - 1)) / 1000)
+            todo = retry
+        return results
+
+    # ---- outputs ---------------------------------------------------------------------------
+
+    def _timing(self, it: Item, started_ms: int, finished_ms: int) -> StageTiming:
+        enq = it.record.timestamp
+        return StageTiming(
+            stage=self.name, enqueued_ms=enq, started_ms=started_ms, finished_ms=finished_ms,
+            queue_ms=float(max(0, started_ms - enq)), service_ms=float(finished_ms - started_ms),
+            worker=self.worker_id,
+        )
+
+    def _stamp(self, ev: Evidence, it: Item, timing: StageTiming) -> Evidence:
+        return ev.model_copy(update={
+            "worker": self.worker_id, "partition": it.record.partition, "offset": it.record.offset,
+            "enqueued_ms": timing.enqueued_ms, "started_ms": timing.started_ms,
+            "finished_ms": timing.finished_ms, "queue_ms": timing.queue_ms, "service_ms": timing.service_ms,
+            "replay_id": self.replay.replay_id if self.replay else "",
+            "shadow": bool(self.replay and self.replay.shadow),
+        })
+
+    async def _send_evidence(self, out: Outputs, rows: list[Evidence]) -> None:
+        for ev in rows:
+            await out.send(self.names.evidence, encode(ev), key=ev.request_id.encode())
+        if self.on_evidence and rows:
+            self.on_evidence(rows)
+
+    async def _answer(self, out: Outputs, resp: Response, reply_to: ReplyTo | None, headers: list) -> None:
+        if self.replay and self.replay.shadow:
+            return
+        value = encode(resp)
+        key = resp.request_id.encode()
+        if reply_to is not None:
+            await out.send(reply_to.topic, value, key=key, partition=reply_to.partition, headers=headers)
+        if reply_to is None or reply_to.topic != self.names.responses:
+            # the `responses` topic is also the warehouse's record of finished requests
+            await out.send(self.names.responses, value, key=key, headers=headers)
+        self.metrics.processed(f"answered_{resp.status.value}")
+
+    async def _emit(self, out: Outputs, w: _Work, outcome: Outcome) -> None:
+        self.metrics.queue_wait.observe(max(0, w.started_ms - w.item.record.timestamp) / 1000)
+        timing = self._timing(w.item, w.started_ms, now_ms())
+        doc = outcome.doc.model_copy(update={"timings": [*outcome.doc.timings, timing]})
+        await self._send_evidence(out, [self._stamp(ev, w.item, timing) for ev in outcome.evidence])
+        for ro in outcome.rollouts:
+            if not (self.replay and self.replay.shadow):
+                await out.send(self.names.rollouts, encode(ro), key=ro.request_id.encode())
+        headers = request_headers(doc.request_id, doc.tenant_id, doc.deadline_ms, doc.attempt, doc.traceparent)
+        if outcome.response is not None:
+            await self._answer(out, self._finish(doc, outcome.response), doc.reply_to, headers)
+            return
+        nxt = outcome.next_stage or self.topology.next_after(self.name)
+        if nxt is None:
+            err = self._error_response(doc, "topology_error", f"stage {self.name} forwarded but no stage follows it")
+            await self._answer(out, err, doc.reply_to, headers)
+            return
+        if self.replay and self.replay.shadow:
+            self.metrics.processed("shadow")
+            return
+        await out.send(self.names.stage_input(nxt), encode(doc), key=self.topology.key_for(nxt, doc), headers=headers)
+        self.metrics.processed("forwarded")
+
+    def _finish(self, doc: RequestDoc, resp: Response) -> Response:
+        times = {t.stage: StageTimes(queue_ms=t.queue_ms, service_ms=t.service_ms) for t in doc.timings}
+        return resp.model_copy(update={
+            "request_id": doc.request_id, "tenant_id": doc.tenant_id, "answered_by": self.name,
+            "created_ms": doc.created_ms, "timings": {**times, **resp.timings},
+            "replay_id": self.replay.replay_id if self.replay else "",
+        })
+
+    def _error_response(self, doc: RequestDoc, error_class: str, reason: str, status: Status = Status.error) -> Response:
+        return self._finish(doc, Response(request_id=doc.request_id, status=status, error_class=error_class,
+                                          reason=reason, answered_by=self.name))
+
+    async def _deadline_exceeded(self, out: Outputs, it: Item, doc: RequestDoc, started: int) -> None:
+        timing = self._timing(it, started, now_ms())
+        doc = doc.model_copy(update={"timings": [*doc.timings, timing]})
+        late = started - (doc.deadline_ms or started)
+        ev = self.stage.evidence(doc, "deadline_exceeded", f"deadline passed {late} ms before processing")
+        await self._send_evidence(out, [self._stamp(ev, it, timing)])
+        resp = self._error_response(doc, "deadline_exceeded", f"deadline passed {late} ms before stage {self.name}",
+                                    Status.deadline_exceeded)
+        await self._answer(out, resp, doc.reply_to, self._passthrough_headers(it))
+
+    async def _failed(self, out: Outputs, w: _Work, exc: BaseException) -> None:
+        error_class = getattr(exc, "error_class", "processing_failed")
+        attempts = self.max_attempts if getattr(exc, "retryable", True) else 1
+        # The exception text may quote the input: evidence and answers carry the class only.
+        log.warning("stage %s: request %s failed after %d attempts: %s", self.name, w.doc.request_id, attempts,
+                    type(exc).__name__, exc_info=not isinstance(exc, StageError))
+        await self._poison(out, w.item, error_class, f"{type(exc).__name__}: {exc}", attempts=attempts, doc=w.doc)
+
+    async def _poison(self, out: Outputs, it: Item, error_class: str, error: str, *, attempts: int,
+                      raw: object | None = None, doc: RequestDoc | None = None) -> None:
+        """DLQ with the original bytes; then evidence and an error answer where a caller is known."""
+        self.metrics.error(error_class)
+        self.metrics.dead_lettered(error_class)
+        dl = dead_letter(it.record, stage=self.name, worker=self.worker_id, error_class=error_class,
+                         error=error, attempts=attempts)
+        if not (self.replay and self.replay.shadow):
+            await out.send(self.names.dlq, encode(dl), key=it.record.key, headers=list(it.record.headers or ()))
+        request_id, tenant_id, reply_to = self._salvage(it, raw, doc)
+        if request_id is None:
+            return
+        ev = Evidence(request_id=request_id, tenant_id=tenant_id or "", stage=self.name, decision="dlq",
+                      reason=error_class, policy_version=self.stage.policy_version,
+                      attempt=doc.attempt if doc else 0)
+        timing = self._timing(it, now_ms(), now_ms())
+        await self._send_evidence(out, [self._stamp(ev, it, timing)])
+        reason = f"stage {self.name} could not process the request ({error_class}); it is kept in the DLQ"
+        resp = Response(request_id=request_id, tenant_id=tenant_id, status=Status.error, error_class=error_class,
+                        reason=reason, answered_by=self.name,
+                        replay_id=self.replay.replay_id if self.replay else "")
+        if doc is not None:
+            resp = self._finish(doc, resp)
+        await self._answer(out, resp, reply_to, self._passthrough_headers(it))
+
+    def _salvage(self, it: Item, raw: object | None, doc: RequestDoc | None) -> tuple[str | None, str | None, ReplyTo | None]:
+        if doc is not None:
+            return doc.request_id, doc.tenant_id, doc.reply_to
+        hdrs = header_map(it.record.headers)
+        obj = raw if isinstance(raw, dict) else {}
+        request_id = hdrs.get("request_id") or (obj.get("request_id") if isinstance(obj.get("request_id"), str) else None)
+        tenant_id = hdrs.get("tenant_id") or (obj.get("tenant_id") if isinstance(obj.get("tenant_id"), str) else None)
+        try:
+            reply_to = ReplyTo.model_validate(obj["reply_to"]) if obj.get("reply_to") else None
+        except Exception:  # noqa: BLE001 - an unreadable reply_to: answer on `responses` only
+            reply_to = None
+        return request_id, tenant_id, reply_to
+
+    @staticmethod
+    def _passthrough_headers(it: Item) -> list:
+        return [(k, v) for k, v in (it.record.headers or ()) if k in {"request_id", "tenant_id", "traceparent", "attempt", "deadline"}]
+
+

@@ -1,0 +1,106 @@
+"""Topic registry (topics/topics.yaml) and its idempotent application to a broker."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import yaml
+from aiokafka.admin import AIOKafkaAdminClient, NewTopic
+from aiokafka.errors import TopicAlreadyExistsError
+
+from pipeline.resources import topics_file
+
+
+@dataclass(frozen=True)
+class TopicSpec:
+    name: str  # registry name, without prefix
+    partitions: int
+    key: str
+    retention_ms: int
+    cleanup_policy: str
+    value_schema: str | None
+    replication_factor: int = 1
+
+    def configs(self) -> dict[str, str]:
+        return {"retention.ms": str(self.retention_ms), "cleanup.policy": self.cleanup_policy}
+
+
+def load_registry(path: Path | None = None) -> dict[str, TopicSpec]:
+    raw = yaml.safe_load((path or topics_file()).read_text())
+    defaults = raw.get("defaults", {})
+    specs: dict[str, TopicSpec] = {}
+    for name, body in raw["topics"].items():
+        specs[name] = TopicSpec(name=name, **{**defaults, **body})
+    return specs
+
+
+class TopicNames:
+    """Maps registry names to the broker's topic names under one configurable prefix."""
+
+    def __init__(self, prefix: str) -> None:
+        self.prefix = prefix
+
+    def __call__(self, name: str) -> str:
+        return f"{self.prefix}{name}"
+
+    def stage_input(self, stage: str) -> str:
+        return self(f"stage.{stage}")
+
+    @property
+    def requests(self) -> str:
+        return self("requests")
+
+    @property
+    def responses(self) -> str:
+        return self("responses")
+
+    @property
+    def evidence(self) -> str:
+        return self("evidence")
+
+    @property
+    def rollouts(self) -> str:
+        return self("rollouts")
+
+    @property
+    def dlq(self) -> str:
+        return self("dlq")
+
+
+@dataclass
+class ApplyResult:
+    created: list[str]
+    existing: list[str]
+
+
+async def apply_topics(
+    bootstrap: str, prefix: str, registry: dict[str, TopicSpec] | None = None
+) -> ApplyResult:
+    """Create every registry topic that is missing. Existing topics are left as they are."""
+    registry = registry if registry is not None else load_registry()
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap, request_timeout_ms=15000)
+    await admin.start()
+    try:
+        present = set(await admin.list_topics())
+        result = ApplyResult(created=[], existing=[])
+        missing = []
+        for spec in registry.values():
+            full = prefix + spec.name
+            if full in present:
+                result.existing.append(full)
+            else:
+                missing.append(
+                    NewTopic(
+                        full, spec.partitions, spec.replication_factor, topic_configs=spec.configs()
+                    )
+                )
+        for topic in missing:  # one by one: a concurrent creator must not fail the whole batch
+            try:
+                await admin.create_topics([topic], timeout_ms=15000)
+                result.created.append(topic.name)
+            except TopicAlreadyExistsError:
+                result.existing.append(topic.name)
+        return result
+    finally:
+        await admin.close()

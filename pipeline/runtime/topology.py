@@ -1,0 +1,85 @@
+"""The stage topology: which stages run, in what order, which class implements each, and how
+each stage's input topic is keyed."""
+
+from __future__ import annotations
+
+import importlib
+import os
+import sys
+
+from pipeline.contracts import RequestDoc
+from pipeline.runtime.errors import TopologyError
+from pipeline.runtime.stage import Stage, StageContext
+from pipeline.runtime.topics import TopicSpec, load_registry
+from pipeline.settings import Settings, StageSpec
+
+# Product stages, in pipeline order. A stage is listed here once its module exists.
+PRODUCT_STAGES: dict[str, str] = {}
+
+
+def import_object(path: str) -> object:
+    """Resolve "package.module:Name"; the working directory is importable, as for uvicorn apps."""
+    module_name, _, attr = path.partition(":")
+    if not attr:
+        raise TopologyError(f"expected 'module:Class', got {path!r}")
+    if os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise TopologyError(f"cannot import {module_name!r}: {exc}") from exc
+    try:
+        return getattr(module, attr)
+    except AttributeError:
+        raise TopologyError(f"{module_name!r} has no {attr!r}") from None
+
+
+class Topology:
+    def __init__(self, settings: Settings, registry: dict[str, TopicSpec] | None = None) -> None:
+        self.settings = settings
+        specs = settings.stages or [StageSpec(name=n) for n in PRODUCT_STAGES]
+        self.specs: dict[str, StageSpec] = {s.name: s for s in specs}
+        self.order = [s.name for s in specs]
+        self.registry = registry or load_registry()
+
+    def stage_class(self, name: str) -> type[Stage]:
+        spec = self.spec(name)
+        path = spec.cls or PRODUCT_STAGES.get(name)
+        if path is None:
+            raise TopologyError(f"stage {name!r} has no implementation (set `class: module:Class`)")
+        obj = import_object(path)
+        if not (isinstance(obj, type) and issubclass(obj, Stage)):
+            raise TopologyError(f"{path} is not a pipeline.runtime.stage.Stage subclass")
+        return obj
+
+    def spec(self, name: str) -> StageSpec:
+        if name not in self.specs:
+            raise TopologyError(f"stage {name!r} is not in the topology ({', '.join(self.order) or 'empty'})")
+        return self.specs[name]
+
+    def build(self, name: str, policy: dict | None = None) -> Stage:
+        spec = self.spec(name)
+        if policy is not None:
+            spec = spec.model_copy(update={"policy": policy})
+        ctx = StageContext(spec=spec, settings=self.settings, runtime=self.settings.runtime_for(spec))
+        return self.stage_class(name)(ctx)
+
+    @property
+    def first(self) -> str:
+        if not self.order:
+            raise TopologyError("the topology has no stages")
+        return self.order[0]
+
+    def next_after(self, name: str) -> str | None:
+        i = self.order.index(name)
+        return self.order[i + 1] if i + 1 < len(self.order) else None
+
+    def key_for(self, stage: str, doc: RequestDoc) -> bytes:
+        """Key by the registry's rule for the stage's input topic, e.g. `device_id|request_id`."""
+        topic = self.registry.get(f"stage.{stage}")
+        rule = topic.key if topic else "request_id"
+        for field in rule.split("|"):
+            value = getattr(doc, field, None)
+            if value:
+                return str(value).encode()
+        return doc.request_id.encode()

@@ -1,0 +1,287 @@
+"""The stage worker: consume -> bounded queue -> handle -> produce -> commit.
+
+Commit protocol (an offset is committed only when it is safe to never see its record again):
+
+1. The fetch loop polls at most `queue.room()` records, tracks each offset per partition and
+   queues it; past the high-water mark it pauses every assigned partition, and resumes below
+   the low-water mark.
+2. A processor takes a batch, and the handler produces every output and waits for the broker's
+   acks (or the sink's insert) before it returns.
+3. Only then is each offset marked done. A partition's committable offset is the lowest offset
+   not done yet (or the last one + 1), so a slow record holds back the commit of later ones.
+4. The commit loop commits advanced offsets every `commit_interval_ms`; on revocation the
+   revoked partitions' done offsets are committed first and their queued records are dropped
+   (the new owner reads them again); on SIGTERM the worker stops fetching, drains the queue and
+   in-flight work (bounded by drain_timeout_s) and commits before leaving the group.
+5. A crash loses nothing: everything after the last commit is redelivered (at-least-once; the
+   sinks are idempotent on request_id/stage/attempt).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import socket
+import time
+
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRebalanceListener, TopicPartition
+from aiokafka.errors import CommitFailedError, IllegalStateError, KafkaError
+from aiokafka.structs import OffsetAndMetadata
+
+from pipeline.runtime.flow import BoundedQueue
+from pipeline.runtime.handler import Handler, Item
+from pipeline.runtime.metrics import StageMetrics
+from pipeline.runtime.offsets import OffsetTracker
+from pipeline.runtime.outputs import make_producer
+from pipeline.settings import RuntimeSettings, Settings
+
+log = logging.getLogger(__name__)
+
+
+def default_worker_id() -> str:
+    return f"{socket.gethostname()}-{os.getpid()}"
+
+
+class _Rebalance(ConsumerRebalanceListener):
+    def __init__(self, worker: "StageWorker") -> None:
+        self.worker = worker
+
+    async def on_partitions_revoked(self, revoked: set[TopicPartition]) -> None:
+        await self.worker._on_revoked(set(revoked))
+
+    async def on_partitions_assigned(self, assigned: set[TopicPartition]) -> None:
+        self.worker._on_assigned(set(assigned))
+
+
+class StageWorker:
+    """One consumer-group member. `async with StageWorker(...)` or start()/stop()."""
+
+    def __init__(
+        self,
+        handler: Handler,
+        settings: Settings,
+        *,
+        bootstrap: str,
+        topics: list[str],
+        group_id: str,
+        runtime: RuntimeSettings | None = None,
+        worker_id: str | None = None,
+    ) -> None:
+        self.handler = handler
+        self.settings = settings
+        self.runtime = runtime or settings.runtime
+        self.bootstrap = bootstrap
+        self.topics = topics
+        self.group_id = group_id
+        self.worker_id = worker_id or settings.worker_id or default_worker_id()
+        self.metrics = StageMetrics(handler.name)
+        self.queue: BoundedQueue[Item] = BoundedQueue(
+            self.runtime.queue_bound, self.runtime.high_watermark, self.runtime.low_watermark, self.metrics
+        )
+        self.tracker = OffsetTracker()
+        self._generation: dict[TopicPartition, int] = {}
+        self._gen_counter = 0
+        self._in_flight = 0
+        self._fetching = True
+        self._tasks: list[asyncio.Task] = []
+        self._processors: list[asyncio.Task] = []
+        self.consumer: AIOKafkaConsumer | None = None
+        self.producer: AIOKafkaProducer | None = None
+        self.stopped = asyncio.Event()
+
+    # ---- lifecycle -------------------------------------------------------------------------
+
+    async def start(self) -> "StageWorker":
+        c = self.settings.consumer
+        self.producer = make_producer(self.settings, self.bootstrap)
+        await self.producer.start()
+        await self.handler.start(self.producer)
+        self.consumer = AIOKafkaConsumer(
+            bootstrap_servers=self.bootstrap,
+            group_id=self.group_id,
+            client_id=f"{self.handler.name}-{self.worker_id}",
+            enable_auto_commit=False,
+            auto_offset_reset=c.auto_offset_reset,
+            fetch_max_wait_ms=c.fetch_max_wait_ms,
+            session_timeout_ms=c.session_timeout_ms,
+            heartbeat_interval_ms=c.heartbeat_interval_ms,
+            max_poll_interval_ms=c.max_poll_interval_ms,
+            rebalance_timeout_ms=c.rebalance_timeout_ms,
+            max_partition_fetch_bytes=c.max_partition_fetch_bytes,
+            fetch_max_bytes=c.fetch_max_bytes,
+        )
+        self.consumer.subscribe(self.topics, listener=_Rebalance(self))
+        await self.consumer.start()
+        concurrency = max(1, self.handler.concurrency)
+        self._processors = [asyncio.create_task(self._process_loop(), name=f"{self.handler.name}-proc{i}") for i in range(concurrency)]
+        self._tasks = [
+            asyncio.create_task(self._fetch_loop(), name=f"{self.handler.name}-fetch"),
+            asyncio.create_task(self._commit_loop(), name=f"{self.handler.name}-commit"),
+        ]
+        log.info("worker %s started: stage=%s topics=%s group=%s concurrency=%d",
+                 self.worker_id, self.handler.name, self.topics, self.group_id, concurrency)
+        return self
+
+    async def stop(self, drain: bool = True) -> None:
+        """Graceful: stop fetching, finish queued and in-flight records, commit, leave the group."""
+        if self.stopped.is_set():
+            return
+        self._fetching = False
+        deadline = time.monotonic() + (self.runtime.drain_timeout_s if drain else 0)
+        while drain and (self.queue.qsize() or self._in_flight) and time.monotonic() < deadline:
+            await asyncio.sleep(0.02)
+        left = self.queue.qsize() + self._in_flight
+        if left:
+            log.warning("stage %s stopping with %d records not done; they will be redelivered", self.handler.name, left)
+        for t in self._processors + self._tasks:
+            t.cancel()
+        await asyncio.gather(*self._processors, *self._tasks, return_exceptions=True)
+        await self._commit()
+        try:
+            if self.consumer is not None:
+                await self.consumer.stop()
+        finally:
+            await self.handler.stop()
+            if self.producer is not None:
+                await self.producer.stop()
+            self.stopped.set()
+
+    async def __aenter__(self) -> "StageWorker":
+        return await self.start()
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.stop()
+
+    # ---- rebalance ---------------------------------------------------------------------------
+
+    def _on_assigned(self, assigned: set[TopicPartition]) -> None:
+        for tp in assigned:
+            self._gen_counter += 1
+            self._generation[tp] = self._gen_counter
+            self.tracker.reset(tp)
+        if self.queue.paused and assigned and self.consumer is not None:
+            self.consumer.pause(*assigned)
+        log.info("stage %s assigned %s", self.handler.name, sorted(f"{tp.topic}:{tp.partition}" for tp in assigned))
+
+    async def _on_revoked(self, revoked: set[TopicPartition]) -> None:
+        # Give in-flight records of these partitions a moment to finish, then commit what is done.
+        deadline = time.monotonic() + min(2.0, self.settings.consumer.session_timeout_ms / 3000)
+        while self.tracker.in_flight(revoked) and time.monotonic() < deadline:
+            await asyncio.sleep(0.01)
+        await self._commit(revoked)
+        for tp in revoked:
+            self._generation.pop(tp, None)
+            self.tracker.forget(tp)
+
+    # ---- loops -------------------------------------------------------------------------------
+
+    async def _fetch_loop(self) -> None:
+        assert self.consumer is not None
+        guard = self.settings.consumer.poll_guard_s
+        while self._fetching:
+            if self.queue.paused:
+                if await self.queue.wait_below_low(0.2):
+                    self.consumer.resume(*self.consumer.assignment())
+                    self.queue.set_paused(False)
+                continue
+            room = self.queue.room()
+            if room <= 0:
+                await asyncio.sleep(0.005)
+                continue
+            try:
+                batches = await asyncio.wait_for(self.consumer.getmany(timeout_ms=100, max_records=room), guard)
+            except asyncio.TimeoutError:
+                log.warning("stage %s: poll did not return within %.0fs (broker unreachable?)", self.handler.name, guard)
+                continue
+            except KafkaError as exc:
+                log.warning("stage %s: poll failed: %r", self.handler.name, exc)
+                await asyncio.sleep(0.5)
+                continue
+            for tp, records in batches.items():
+                gen = self._generation.get(tp)
+                if gen is None:
+                    continue  # revoked while fetched: the new owner reads these
+                for rec in records:
+                    self.tracker.track(tp, rec.offset)
+                    self.queue.put(Item(tp, rec, gen))
+                hw = self.consumer.highwater(tp)
+                if hw is not None:
+                    self.metrics.lag(tp.partition, max(0, hw - records[-1].offset - 1))
+            if self.queue.should_pause():
+                self.consumer.pause(*self.consumer.assignment())
+                self.queue.set_paused(True)
+
+    async def _next_batch(self) -> list[Item]:
+        first = await self.queue.get()
+        items = [first]
+        max_batch = self.handler.max_batch
+        if max_batch > 1:
+            deadline = time.monotonic() + self.handler.max_wait_ms / 1000
+            while len(items) < max_batch:
+                try:
+                    items.append(self.queue.get_nowait())
+                    continue
+                except asyncio.QueueEmpty:
+                    pass
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    break
+                try:
+                    items.append(await asyncio.wait_for(self.queue.get(), remaining))
+                except asyncio.TimeoutError:
+                    break
+        # records of partitions revoked since they were queued belong to their new owner now
+        return [it for it in items if self._generation.get(it.tp) == it.generation]
+
+    async def _process_loop(self) -> None:
+        while True:
+            items = await self._next_batch()
+            if not items:
+                continue
+            self._in_flight += len(items)
+            self.metrics.in_flight.set(self._in_flight)
+            try:
+                await self._handle_until_done(items)
+                for it in items:
+                    if self._generation.get(it.tp) == it.generation:
+                        self.tracker.done(it.tp, it.record.offset)
+            finally:
+                self._in_flight -= len(items)
+                self.metrics.in_flight.set(self._in_flight)
+
+    async def _handle_until_done(self, items: list[Item]) -> None:
+        """Output failures are infrastructure trouble, not the records' fault: retry with backoff."""
+        backoff = 0.1
+        while True:
+            try:
+                await self.handler.handle(items)
+                return
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # noqa: BLE001
+                self.metrics.error("output_failed")
+                log.warning("stage %s: outputs of %d records failed (%r); retrying in %.1fs",
+                            self.handler.name, len(items), exc, backoff)
+                await asyncio.sleep(backoff)
+                backoff = min(backoff * 2, 5.0)
+
+    async def _commit_loop(self) -> None:
+        interval = self.runtime.commit_interval_ms / 1000
+        while True:
+            await asyncio.sleep(interval)
+            await self._commit()
+
+    async def _commit(self, tps: set[TopicPartition] | None = None) -> None:
+        if self.consumer is None:
+            return
+        offsets = self.tracker.to_commit(tps)
+        if not offsets:
+            return
+        try:
+            await self.consumer.commit({tp: OffsetAndMetadata(off, "") for tp, off in offsets.items()})
+            self.tracker.mark_committed(offsets)
+            self.metrics.commits.inc()
+        except (CommitFailedError, IllegalStateError, KafkaError) as exc:
+            # a rebalance is under way: the records are redelivered to the new owner
+            log.info("stage %s: commit of %d partitions skipped: %r", self.handler.name, len(offsets), exc)

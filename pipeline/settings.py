@@ -1,0 +1,146 @@
+"""Process settings: defaults < YAML file (--config / LLMPIPE_CONFIG) < environment (LLMPIPE_*)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, Field, model_validator
+from pydantic_settings import (
+    BaseSettings,
+    PydanticBaseSettingsSource,
+    SettingsConfigDict,
+    YamlConfigSettingsSource,
+)
+
+CONFIG_ENV = "LLMPIPE_CONFIG"
+DEFAULT_CONFIG_FILE = "llmpipe.yaml"
+
+
+class ConsumerSettings(BaseModel):
+    """aiokafka consumer defaults measured on the embedded broker (DESIGN.md)."""
+
+    # aiokafka's 500 ms default costs half a second per hop; 5-10 ms gives p50 ~3 ms.
+    fetch_max_wait_ms: int = 5
+    # A killed member's partitions move after session_timeout (+ half of it to rebalance).
+    session_timeout_ms: int = 6000
+    heartbeat_interval_ms: int = 1500
+    max_poll_interval_ms: int = 300_000
+    rebalance_timeout_ms: int = 6000
+    max_partition_fetch_bytes: int = 1 << 20
+    fetch_max_bytes: int = 16 << 20
+    auto_offset_reset: Literal["earliest", "latest"] = "earliest"
+    # getmany() once hung during a broker outage: every call is bounded by this.
+    poll_guard_s: float = 10.0
+
+
+class ProducerSettings(BaseModel):
+    # acks=all; the embedded broker refuses InitProducerId, so no idempotent producer.
+    acks: Literal["all", 1] = "all"
+    enable_idempotence: bool = False
+    linger_ms: int = 1
+    max_batch_size: int = 256 << 10
+    max_request_size: int = 8 << 20
+    request_timeout_ms: int = 30_000
+
+
+class RuntimeSettings(BaseModel):
+    """Stage-worker knobs; a Stage may override concurrency and batching for itself."""
+
+    queue_bound: int = Field(200, ge=1, description="max records held in the in-process queue")
+    high_watermark: float = Field(0.8, gt=0, le=1, description="pause partitions at this queue fill")
+    low_watermark: float = Field(0.3, ge=0, lt=1, description="resume partitions at this queue fill")
+    concurrency: int = Field(16, ge=1)
+    max_attempts: int = Field(3, ge=1, description="processing attempts before the DLQ")
+    retry_backoff_ms: int = 50
+    commit_interval_ms: int = 200
+    drain_timeout_s: float = 30.0
+
+    @model_validator(mode="after")
+    def _watermarks(self) -> "RuntimeSettings":
+        if self.low_watermark >= self.high_watermark:
+            raise ValueError("runtime.low_watermark must be below runtime.high_watermark")
+        return self
+
+
+class SinkSettings(BaseModel):
+    batch_size: int = 5000
+    flush_interval_ms: int = 500
+
+
+class StageSpec(BaseModel):
+    """One stage group of the topology: a name and the class that implements it."""
+
+    name: str = Field(pattern=r"^[a-z][a-z0-9_]*$")
+    # "package.module:Class"; product stages resolve by name from pipeline.stages.
+    cls: str | None = Field(None, alias="class")
+    # Free-form policy settings handed to the stage (thresholds, versions, ...).
+    policy: dict[str, Any] = Field(default_factory=dict)
+    runtime: dict[str, Any] = Field(default_factory=dict, description="RuntimeSettings overrides")
+
+    model_config = {"populate_by_name": True}
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(
+        env_prefix="LLMPIPE_", env_nested_delimiter="__", extra="forbid", populate_by_name=True
+    )
+
+    data_dir: Path = Path(".llmpipe")
+    bootstrap: str | None = None
+    topic_prefix: str = "llmpipe."
+    # chdb:///abs/dir (embedded, default DATA_DIR/warehouse) or http(s)://host:port for a server.
+    warehouse_dsn: str | None = None
+    worker_id: str | None = None
+    metrics_port: int | None = Field(None, description="Prometheus port; 0 = any free port")
+    admin_port: int = 0
+    broker_port: int = 0
+    stages: list[StageSpec] = Field(default_factory=list)
+    consumer: ConsumerSettings = ConsumerSettings()
+    producer: ProducerSettings = ProducerSettings()
+    runtime: RuntimeSettings = RuntimeSettings()
+    sink: SinkSettings = SinkSettings()
+    log_level: str = "INFO"
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        path = os.environ.get(CONFIG_ENV) or (DEFAULT_CONFIG_FILE if Path(DEFAULT_CONFIG_FILE).exists() else None)
+        sources: list[PydanticBaseSettingsSource] = [init_settings, env_settings]
+        if path:
+            if not Path(path).is_file():
+                raise FileNotFoundError(f"config file not found: {path}")
+            sources.append(YamlConfigSettingsSource(settings_cls, yaml_file=path))
+        return tuple(sources)
+
+    def resolved_data_dir(self) -> Path:
+        return self.data_dir.expanduser().resolve()
+
+    def resolved_warehouse_dsn(self) -> str:
+        return self.warehouse_dsn or f"chdb://{self.resolved_data_dir() / 'warehouse'}"
+
+    def stage(self, name: str) -> StageSpec:
+        for spec in self.stages:
+            if spec.name == name:
+                return spec
+        known = ", ".join(s.name for s in self.stages) or "none"
+        raise KeyError(f"stage {name!r} is not in the topology (configured: {known})")
+
+    def runtime_for(self, spec: StageSpec) -> RuntimeSettings:
+        if not spec.runtime:
+            return self.runtime
+        return RuntimeSettings.model_validate({**self.runtime.model_dump(), **spec.runtime})
+
+
+def load_settings(config: Path | None = None, **overrides: Any) -> Settings:
+    """Build settings, honouring an explicit --config file over LLMPIPE_CONFIG."""
+    if config is not None:
+        os.environ[CONFIG_ENV] = str(config)
+    return Settings(**{k: v for k, v in overrides.items() if v is not None})

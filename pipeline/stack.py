@@ -1,0 +1,287 @@
+"""`llmpipe up` / `llmpipe down`: the embedded stack and its record in DATA_DIR/stack.json.
+
+The supervisor (the `up` process) owns, in start order: the broker (embedded Tansu unless
+--bootstrap names one), the topics, the warehouse with its admin/SQL endpoint (in whichever
+process runs the sink), and the stage workers - in-process by default, or one child process
+per stage group with --processes (restarted if they die). It writes stack.json once all are
+ready, and on SIGTERM stops them in reverse order and removes the file.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import httpx
+
+from pipeline.runtime.broker import EmbeddedBroker, free_port
+from pipeline.runtime.launch import run_until_signalled, sink_worker, stage_worker
+from pipeline.runtime.metrics import serve_metrics
+from pipeline.runtime.topics import apply_topics
+from pipeline.runtime.topology import Topology
+from pipeline.settings import CONFIG_ENV, Settings
+from pipeline.stores.sql_gateway import AdminServer
+from pipeline.stores.warehouse import Warehouse
+from pipeline.stores.warehouse_sink import SINK_STAGE
+
+log = logging.getLogger(__name__)
+
+STACK_FILE = "stack.json"
+
+
+class StackError(RuntimeError):
+    pass
+
+
+@dataclass
+class StackInfo:
+    bootstrap: str
+    admin_url: str
+    frontdoor_url: str | None
+    topic_prefix: str
+    warehouse_dsn: str
+    stages: list[str]
+    pids: dict[str, int] = field(default_factory=dict)
+    metrics_url: str | None = None
+    started_at: float = field(default_factory=time.time)
+
+    def write(self, data_dir: Path) -> None:
+        tmp = data_dir / (STACK_FILE + ".tmp")
+        tmp.write_text(json.dumps(asdict(self), indent=2))
+        tmp.replace(data_dir / STACK_FILE)
+
+    @classmethod
+    def read(cls, data_dir: Path) -> "StackInfo | None":
+        path = data_dir / STACK_FILE
+        if not path.exists():
+            return None
+        return cls(**json.loads(path.read_text()))
+
+
+def pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    try:  # a zombie is not alive
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split(")")[-1].split()[0] != "Z"
+    except OSError:
+        return True
+
+
+def running_stack(data_dir: Path) -> StackInfo | None:
+    info = StackInfo.read(data_dir)
+    if info is None or not pid_alive(info.pids.get("supervisor", -1)):
+        return None
+    return info
+
+
+class _ChildWorkers:
+    """--processes: one `llmpipe worker` child per stage group, restarted when one dies."""
+
+    def __init__(self, settings: Settings, stages: list[str], bootstrap: str, admin_port: int) -> None:
+        self.settings = settings
+        self.stages = stages
+        self.bootstrap = bootstrap
+        self.admin_port = admin_port
+        self.procs: dict[str, subprocess.Popen[bytes]] = {}
+        self.logs = settings.resolved_data_dir() / "logs"
+
+    def _spawn(self, stage: str) -> subprocess.Popen[bytes]:
+        env = {**os.environ, "LLMPIPE_BOOTSTRAP": self.bootstrap,
+               "LLMPIPE_DATA_DIR": str(self.settings.resolved_data_dir()),
+               "LLMPIPE_TOPIC_PREFIX": self.settings.topic_prefix}
+        cmd = [sys.executable, "-m", "pipeline.cli", "worker", stage]
+        if stage == SINK_STAGE:
+            cmd += ["--admin-port", str(self.admin_port)]
+        log_file = open(self.logs / f"worker-{stage}.log", "ab")
+        try:
+            return subprocess.Popen(cmd, env=env, stdout=log_file, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+        finally:
+            log_file.close()
+
+    def start(self) -> None:
+        self.logs.mkdir(parents=True, exist_ok=True)
+        for stage in [SINK_STAGE, *self.stages]:
+            self.procs[stage] = self._spawn(stage)
+
+    async def supervise(self, stop: asyncio.Event) -> None:
+        while not stop.is_set():
+            for stage, proc in list(self.procs.items()):
+                if proc.poll() is not None:
+                    log.warning("worker %s exited with %s; restarting", stage, proc.returncode)
+                    self.procs[stage] = self._spawn(stage)
+            try:
+                await asyncio.wait_for(stop.wait(), 1.0)
+            except asyncio.TimeoutError:
+                pass
+
+    async def stop(self, timeout_s: float) -> None:
+        for stage in reversed(list(self.procs)):
+            proc = self.procs[stage]
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)
+        deadline = time.monotonic() + timeout_s
+        for proc in self.procs.values():
+            while proc.poll() is None and time.monotonic() < deadline:
+                await asyncio.sleep(0.05)
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+
+
+async def _wait_http(url: str, timeout_s: float) -> None:
+    deadline = time.monotonic() + timeout_s
+    async with httpx.AsyncClient() as client:
+        while time.monotonic() < deadline:
+            try:
+                if (await client.get(url, timeout=1.0)).status_code == 200:
+                    return
+            except httpx.HTTPError:
+                pass
+            await asyncio.sleep(0.1)
+    raise StackError(f"{url} did not become healthy within {timeout_s:.0f}s")
+
+
+async def run_stack(settings: Settings, processes: bool = False) -> None:
+    """The supervisor: start everything, write stack.json, wait for a signal, stop everything."""
+    data_dir = settings.resolved_data_dir()
+    data_dir.mkdir(parents=True, exist_ok=True)
+    if running_stack(data_dir):
+        raise StackError(f"a stack is already running for {data_dir} (llmpipe down first)")
+    topology = Topology(settings)
+    stages = list(topology.order)
+    broker: EmbeddedBroker | None = None
+    warehouse: Warehouse | None = None
+    admin: AdminServer | None = None
+    children: _ChildWorkers | None = None
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    try:
+        if settings.bootstrap:
+            bootstrap = settings.bootstrap
+        else:
+            broker = await EmbeddedBroker(data_dir, settings.broker_port).start()
+            bootstrap = broker.bootstrap
+        await apply_topics(bootstrap, settings.topic_prefix)
+        for name in stages:
+            topology.stage_class(name)  # fail fast on a bad topology, before anything runs
+        admin_port = settings.admin_port or free_port()
+        metrics_url = None
+        pids = {"supervisor": os.getpid(), **({"broker": broker.proc.pid} if broker and broker.proc else {})}
+        if processes:
+            children = _ChildWorkers(settings, stages, bootstrap, admin_port)
+            children.start()
+            await _wait_http(f"http://127.0.0.1:{admin_port}/health", 120)
+            pids.update({f"worker:{s}": p.pid for s, p in children.procs.items()})
+            supervise = asyncio.create_task(children.supervise(stop))
+            info = StackInfo(bootstrap, f"http://127.0.0.1:{admin_port}", None, settings.topic_prefix,
+                             settings.resolved_warehouse_dsn(), stages, pids)
+            info.write(data_dir)
+            log.info("stack ready: %s", info)
+            await stop.wait()
+            await supervise
+            return
+        warehouse = Warehouse(settings.resolved_warehouse_dsn())
+        await asyncio.to_thread(warehouse.migrate)
+        admin = await AdminServer(warehouse, admin_port).start()
+        if settings.metrics_port is not None:
+            metrics_url = f"http://127.0.0.1:{serve_metrics(settings.metrics_port)}/metrics"
+        workers = [sink_worker(settings, bootstrap, warehouse)] + [
+            stage_worker(settings, topology, s, bootstrap) for s in stages
+        ]
+        ready = asyncio.Event()
+
+        async def announce() -> None:
+            await ready.wait()
+            info = StackInfo(bootstrap, admin.url, None, settings.topic_prefix, settings.resolved_warehouse_dsn(),
+                             stages, pids, metrics_url)
+            info.write(data_dir)
+            log.info("stack ready: broker %s, admin %s, stages %s", bootstrap, admin.url, stages or "none")
+
+        announcer = asyncio.create_task(announce())
+        runner = asyncio.create_task(_run_workers(workers, stop, ready))
+        await runner
+        await announcer
+    finally:
+        (data_dir / STACK_FILE).unlink(missing_ok=True)
+        if children is not None:
+            await children.stop(settings.runtime.drain_timeout_s + 10)
+        if admin is not None:
+            await admin.stop()
+        if warehouse is not None:
+            warehouse.close()
+        if broker is not None:
+            broker.stop()
+
+
+async def _run_workers(workers, stop: asyncio.Event, ready: asyncio.Event) -> None:
+    # upstream stages first in the stop order: reverse the start order except the sink, which goes last
+    ordered = workers[1:] + workers[:1]
+    started = []
+    try:
+        for w in workers:
+            started.append(await w.start())
+        ready.set()
+        await stop.wait()
+    finally:
+        for w in ordered:
+            if w in started:
+                await w.stop()
+
+
+def start_detached(argv: list[str], data_dir: Path, timeout_s: float = 180.0) -> StackInfo:
+    """Run `llmpipe up` (argv without --detach) in the background; return once stack.json is written."""
+    logs = data_dir / "logs"
+    logs.mkdir(parents=True, exist_ok=True)
+    with open(logs / "stack.log", "ab") as out:
+        proc = subprocess.Popen([sys.executable, "-m", "pipeline.cli", *argv], stdout=out, stderr=subprocess.STDOUT,
+                                stdin=subprocess.DEVNULL, start_new_session=True, env=dict(os.environ))
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        info = StackInfo.read(data_dir)
+        if info is not None and info.pids.get("supervisor") == proc.pid:
+            return info
+        if proc.poll() is not None:
+            tail = (logs / "stack.log").read_text(errors="replace").strip().splitlines()[-5:]
+            raise StackError(f"llmpipe up exited with {proc.returncode}: " + " | ".join(tail))
+        time.sleep(0.1)
+    proc.terminate()
+    raise StackError(f"the stack was not ready within {timeout_s:.0f}s; see {logs / 'stack.log'}")
+
+
+def stop_stack(data_dir: Path, timeout_s: float = 90.0) -> StackInfo | None:
+    info = StackInfo.read(data_dir)
+    if info is None:
+        return None
+    pid = info.pids.get("supervisor", -1)
+    if pid_alive(pid):
+        os.kill(pid, signal.SIGTERM)
+        deadline = time.monotonic() + timeout_s
+        while pid_alive(pid) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        if pid_alive(pid):
+            for p in info.pids.values():
+                try:
+                    os.kill(p, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+    (data_dir / STACK_FILE).unlink(missing_ok=True)
+    return info
+
+
+def config_env() -> str | None:
+    return os.environ.get(CONFIG_ENV)

@@ -1,0 +1,1 @@
+"""Stores: the ClickHouse warehouse (evidence, requests, rollouts), vectors and blobs."""

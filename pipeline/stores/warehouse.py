@@ -1,0 +1,103 @@
+"""The ClickHouse warehouse through clickhouse-connect: `chdb://DIR` (embedded) or `http(s)://host`.
+
+One code path for both. In embedded mode one process owns the chDB directory (chDB refuses a
+second), so analysts' queries are served by that process (see pipeline.stores.sql_gateway).
+"""
+
+from __future__ import annotations
+
+import re
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlparse
+
+import clickhouse_connect
+from clickhouse_connect.driver.client import Client
+
+from pipeline.resources import clickhouse_migrations_dir
+
+_MIGRATION = re.compile(r"^(\d{3})_[a-z0-9_]+\.sql$")
+
+
+class WarehouseError(RuntimeError):
+    pass
+
+
+@dataclass
+class QueryResult:
+    columns: list[str]
+    rows: list[tuple[Any, ...]]
+
+
+def connect(dsn: str) -> Client:
+    parsed = urlparse(dsn)
+    if parsed.scheme == "chdb":
+        path = Path(parsed.path)
+        if not path.is_absolute():
+            raise WarehouseError(f"chdb DSN needs an absolute directory, got {dsn!r}")
+        path.mkdir(parents=True, exist_ok=True)
+        return clickhouse_connect.get_client(dsn=f"chdb://{path}")
+    if parsed.scheme in ("http", "https"):
+        return clickhouse_connect.get_client(dsn=dsn)
+    raise WarehouseError(f"unsupported warehouse DSN {dsn!r} (use chdb:///abs/dir or http(s)://host:port)")
+
+
+def is_embedded(dsn: str) -> bool:
+    return urlparse(dsn).scheme == "chdb"
+
+
+def migrations(directory: Path | None = None) -> list[tuple[int, str, str]]:
+    out = []
+    for f in sorted((directory or clickhouse_migrations_dir()).glob("*.sql")):
+        m = _MIGRATION.match(f.name)
+        if not m:
+            raise WarehouseError(f"migration file {f.name!r} is not named NNN_name.sql")
+        out.append((int(m.group(1)), f.stem, f.read_text()))
+    versions = [v for v, _, _ in out]
+    if len(set(versions)) != len(versions):
+        raise WarehouseError("two migrations share a number")
+    return out
+
+
+class Warehouse:
+    """A thread-safe handle: chDB serialises its queries; a server client is reused per thread."""
+
+    def __init__(self, dsn: str) -> None:
+        self.dsn = dsn
+        self.client = connect(dsn)
+        self._lock = threading.Lock()
+
+    def migrate(self) -> list[str]:
+        """Apply numbered migrations not applied yet; safe to run any number of times."""
+        with self._lock:
+            self.client.command(
+                "CREATE TABLE IF NOT EXISTS schema_migrations (version UInt32, name String, "
+                "applied DateTime64(3, 'UTC') DEFAULT now64(3)) ENGINE = ReplacingMergeTree ORDER BY version"
+            )
+            done = {r[0] for r in self.client.query("SELECT version FROM schema_migrations FINAL").result_rows}
+            applied = []
+            for version, name, sql in migrations():
+                if version in done:
+                    continue
+                for statement in (s.strip() for s in sql.split(";")):
+                    if statement and not all(line.strip().startswith("--") for line in statement.splitlines()):
+                        self.client.command(statement)
+                self.client.insert("schema_migrations", [[version, name]], column_names=["version", "name"])
+                applied.append(name)
+            return applied
+
+    def insert(self, table: str, columns: list[str], rows: list[list[Any]]) -> None:
+        if rows:
+            with self._lock:
+                self.client.insert(table, rows, column_names=columns)
+
+    def query(self, sql: str, parameters: dict[str, Any] | None = None) -> QueryResult:
+        with self._lock:
+            r = self.client.query(sql, parameters=parameters or {})
+        return QueryResult(columns=list(r.column_names), rows=[tuple(row) for row in r.result_rows])
+
+    def close(self) -> None:
+        with self._lock:
+            self.client.close()

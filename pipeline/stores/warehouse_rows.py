@@ -1,0 +1,75 @@
+"""Wire models -> warehouse rows. One function per table, columns named as in the DDL."""
+
+from __future__ import annotations
+
+from datetime import datetime, timezone
+from typing import Any
+
+from pipeline.contracts import DlqRecord, Evidence, Response, Rollout
+
+
+def _ts(ms: int | None) -> datetime:
+    return datetime.fromtimestamp((ms or 0) / 1000, tz=timezone.utc)
+
+
+DECISIONS_COLUMNS = [
+    "request_id", "tenant_id", "stage", "decision", "reason", "policy_version", "revisions", "scores",
+    "candidates", "attempt", "worker", "partition", "offset", "enqueued", "started", "finished",
+    "queue_ms", "service_ms", "replay_id", "shadow",
+]
+
+
+def decision_row(e: Evidence) -> list[Any]:
+    return [
+        e.request_id, e.tenant_id, e.stage, e.decision, e.reason, e.policy_version, e.revisions, e.scores,
+        e.candidates, e.attempt, e.worker, e.partition, e.offset, _ts(e.enqueued_ms), _ts(e.started_ms),
+        _ts(e.finished_ms), e.queue_ms, e.service_ms, e.replay_id, int(e.shadow),
+    ]
+
+
+REQUESTS_COLUMNS = [
+    "request_id", "tenant_id", "status", "error_class", "answered_by", "route", "model", "adapter", "placement",
+    "cache", "tokens_in", "tokens_out", "cost_usd", "ttft_ms", "tpot_ms", "e2e_ms", "stage_queue_ms",
+    "stage_service_ms", "created", "finished", "replay_id",
+]
+
+
+def request_row(r: Response) -> list[Any]:
+    return [
+        r.request_id, r.tenant_id or "", r.status.value, r.error_class or "", r.answered_by, r.route or "",
+        r.model or "", r.adapter or "", r.placement or "", r.cache or "", r.usage.prompt_tokens,
+        r.usage.completion_tokens, r.cost_usd, r.ttft_ms, r.tpot_ms, r.e2e_ms,
+        {k: v.queue_ms for k, v in r.timings.items()}, {k: v.service_ms for k, v in r.timings.items()},
+        _ts(r.created_ms or r.finished_ms), _ts(r.finished_ms), r.replay_id,
+    ]
+
+
+ROLLOUTS_COLUMNS = [
+    "sample_id", "group_id", "request_id", "tenant_id", "prompt_dataset_revision", "actor_revision",
+    "reward_revision", "verifier_revision", "reference_revision", "tokenizer_revision",
+    "chat_template_revision", "temperature", "top_p", "max_tokens", "seed", "runtime", "hardware",
+    "batch_context", "prompt_token_ids", "generated_token_ids", "logprobs", "finish_reason", "score",
+    "created_at", "replay_id",
+]
+
+
+def rollout_row(r: Rollout) -> list[Any]:
+    return [
+        r.sample_id, r.group_id, r.request_id, r.tenant_id, r.prompt_dataset_revision, r.actor_revision,
+        r.reward_revision, r.verifier_revision, r.reference_revision, r.tokenizer_revision,
+        r.chat_template_revision, r.temperature, r.top_p, r.max_tokens, r.seed, r.runtime, r.hardware,
+        r.batch_context, r.prompt_token_ids, r.generated_token_ids, r.logprobs, r.finish_reason, r.score,
+        _ts(r.created_ms), r.replay_id,
+    ]
+
+
+DEAD_LETTERS_COLUMNS = [
+    "topic", "partition", "offset", "stage", "worker", "error_class", "attempts", "request_id", "tenant_id", "failed",
+]
+
+
+def dead_letter_row(d: DlqRecord) -> list[Any]:
+    return [
+        d.topic, d.partition, d.offset, d.stage, d.worker, d.error_class, d.attempts, d.request_id or "",
+        d.tenant_id or "", _ts(d.failed_ms),
+    ]

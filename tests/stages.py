@@ -1,0 +1,66 @@
+"""Test-only stages that drive the runtime (the product ships no pass-through stages).
+
+Each decides something small and checkable, so tests can assert on decisions, not just on flow.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+
+from pipeline.contracts import RequestDoc, Response, Status
+from pipeline.contracts.request import Section
+from pipeline.runtime.errors import StageError
+from pipeline.runtime.stage import Outcome, Stage
+
+
+class Classify(Stage):
+    """Decides `long` or `short` by prompt length against policy.threshold; forwards."""
+
+    async def process(self, doc: RequestDoc) -> Outcome:
+        threshold = int(self.ctx.policy.get("threshold", 20))
+        n = len(doc.prompt_text())
+        decision = "long" if n > threshold else "short"
+        doc = doc.model_copy(update={"route": Section(decision=decision, reason=f"len {n} vs {threshold}")})
+        return Outcome.forward(doc, self.evidence(doc, decision, f"length_{'above' if n > threshold else 'at_most'}_threshold",
+                                                  scores={"length": float(n), "threshold": float(threshold)}))
+
+
+class Answer(Stage):
+    """Answers with the prompt upper-cased; raises on prompts that ask it to (`explode`)."""
+
+    processed = 0  # per process; the deadline test checks nothing was processed
+
+    async def process(self, doc: RequestDoc) -> Outcome:
+        type(self).processed += 1
+        prompt = doc.prompt_text()
+        if "explode" in prompt:
+            raise StageError("asked to explode", error_class="test_explosion")
+        route = doc.route.decision if doc.route else None
+        resp = Response(request_id=doc.request_id, status=Status.ok, text=prompt.upper(), answered_by=self.name,
+                        route=route)
+        return Outcome.answer(doc, resp, self.evidence(doc, "answered", "uppercase"))
+
+
+class Relay(Stage):
+    """Forwards unchanged with a `relayed` decision: the hop-latency benchmark's link."""
+
+    async def process(self, doc: RequestDoc) -> Outcome:
+        return Outcome.forward(doc, self.evidence(doc, "relayed"))
+
+
+class Sleep(Stage):
+    """Sleeps policy.sleep_ms per record, then answers: a slow stage for backpressure tests."""
+
+    async def process(self, doc: RequestDoc) -> Outcome:
+        await asyncio.sleep(float(self.ctx.policy.get("sleep_ms", 50)) / 1000)
+        resp = Response(request_id=doc.request_id, status=Status.ok, text="slept", answered_by=self.name)
+        return Outcome.answer(doc, resp, self.evidence(doc, "slept"))
+
+
+class Record(Stage):
+    """Answers and records which process handled it (multi-process tests)."""
+
+    async def process(self, doc: RequestDoc) -> Outcome:
+        resp = Response(request_id=doc.request_id, status=Status.ok, text=str(os.getpid()), answered_by=self.name)
+        return Outcome.answer(doc, resp, self.evidence(doc, "recorded"))

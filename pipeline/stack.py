@@ -23,11 +23,11 @@ from pathlib import Path
 import httpx
 
 from pipeline.runtime.broker import EmbeddedBroker, free_port
-from pipeline.runtime.launch import run_until_signalled, sink_worker, stage_worker
+from pipeline.runtime.launch import sink_worker, stage_worker
 from pipeline.runtime.metrics import serve_metrics
 from pipeline.runtime.topics import apply_topics
 from pipeline.runtime.topology import Topology
-from pipeline.settings import CONFIG_ENV, Settings
+from pipeline.settings import Settings
 from pipeline.stores.sql_gateway import AdminServer
 from pipeline.stores.warehouse import Warehouse
 from pipeline.stores.warehouse_sink import SINK_STAGE
@@ -176,7 +176,7 @@ async def run_stack(settings: Settings, processes: bool = False) -> None:
         else:
             broker = await EmbeddedBroker(data_dir, settings.broker_port).start()
             bootstrap = broker.bootstrap
-        await apply_topics(bootstrap, settings.topic_prefix)
+        await apply_topics(bootstrap, settings.topic_prefix, topology.topic_registry())
         for name in stages:
             topology.stage_class(name)  # fail fast on a bad topology, before anything runs
         admin_port = settings.admin_port or free_port()
@@ -281,7 +281,3 @@ def stop_stack(data_dir: Path, timeout_s: float = 90.0) -> StackInfo | None:
                     pass
     (data_dir / STACK_FILE).unlink(missing_ok=True)
     return info
-
-
-def config_env() -> str | None:
-    return os.environ.get(CONFIG_ENV)

@@ -67,6 +67,7 @@ class Client:
         self.consumer = AIOKafkaConsumer(bootstrap_servers=self.bootstrap, enable_auto_commit=False,
                                          fetch_max_wait_ms=5, auto_offset_reset="earliest")
         await self.consumer.start()
+        await asyncio.sleep(0)  # aiokafka: a consumer stopped before its first tick raises CancelledError
         tp = TopicPartition(self.names.responses, self.reply_partition)
         self.consumer.assign([tp])
         await self.consumer.seek_to_end(tp)

@@ -3,6 +3,7 @@ each stage's input topic is keyed."""
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import os
 import sys
@@ -63,6 +64,16 @@ class Topology:
             spec = spec.model_copy(update={"policy": policy})
         ctx = StageContext(spec=spec, settings=self.settings, runtime=self.settings.runtime_for(spec))
         return self.stage_class(name)(ctx)
+
+    def topic_registry(self) -> dict[str, TopicSpec]:
+        """The registry plus an input topic for every configured stage the registry does not list."""
+        out = dict(self.registry)
+        template = self.registry.get("stage.mask") or TopicSpec("stage.mask", 6, "request_id", 604800000, "delete", "request")
+        for name in self.order:
+            topic = f"stage.{name}"
+            if topic not in out:
+                out[topic] = dataclasses.replace(template, name=topic)
+        return out
 
     @property
     def first(self) -> str:

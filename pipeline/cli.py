@@ -1,0 +1,437 @@
+"""`llmpipe`: run the stack and its workers, send traffic, query the warehouse, replay decisions.
+
+Conventions (DESIGN.md): every command takes --data-dir, --config and --bootstrap; --json prints
+one JSON document as the last line of stdout; exit 0 on success, non-zero with a one-line reason
+on stderr.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import csv
+import io
+import logging
+import sys
+from collections.abc import Callable
+from functools import wraps
+from pathlib import Path
+from typing import Annotated, Any, Optional
+
+import orjson
+import typer
+import yaml
+from pydantic import ValidationError
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from pipeline.settings import Settings, load_settings
+
+app = typer.Typer(add_completion=False, no_args_is_help=True, help=__doc__.split("\n")[0])
+topics_app = typer.Typer(no_args_is_help=True, help="Topic registry (topics/topics.yaml).")
+app.add_typer(topics_app, name="topics")
+out = Console()
+err = Console(stderr=True)
+
+DataDir = Annotated[Path, typer.Option("--data-dir", help="state directory", envvar="LLMPIPE_DATA_DIR")]
+ConfigFile = Annotated[Optional[Path], typer.Option("--config", help="YAML settings (default ./llmpipe.yaml)")]
+Bootstrap = Annotated[Optional[str], typer.Option("--bootstrap", help="HOST:PORT (default: the running stack)")]
+Json = Annotated[bool, typer.Option("--json", help="print one JSON document as the last line")]
+
+EXIT_ERROR = 1
+EXIT_NOT_OK = 2  # the request was answered, but not with status ok
+
+
+class CliError(Exception):
+    pass
+
+
+def _known_errors() -> tuple[type[BaseException], ...]:
+    from pipeline.ingress.client import ClientTimeout
+    from pipeline.replay import ReplayError
+    from pipeline.runtime.broker import BrokerError
+    from pipeline.runtime.errors import TopologyError
+    from pipeline.stack import StackError
+    from pipeline.stores.sql_gateway import SqlError
+    from pipeline.stores.warehouse import WarehouseError
+
+    return (CliError, StackError, BrokerError, TopologyError, SqlError, WarehouseError, ReplayError,
+            ClientTimeout, FileNotFoundError, ValidationError, yaml.YAMLError)
+
+
+def command(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """Known failures end as one line on stderr and exit 1, never as a traceback."""
+
+    @wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return fn(*args, **kwargs)
+        except typer.Exit:
+            raise
+        except _known_errors() as exc:
+            msg = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            if isinstance(exc, ValidationError):
+                msg = f"invalid settings: {exc.errors()[0]['loc']}: {exc.errors()[0]['msg']}"
+            sys.stderr.write(f"error: {msg}\n")
+            raise typer.Exit(EXIT_ERROR) from None
+        except KeyboardInterrupt:
+            raise typer.Exit(130) from None
+
+    return wrapper
+
+
+def _settings(data_dir: Path, config: Path | None, bootstrap: str | None = None, **extra: Any) -> Settings:
+    s = load_settings(config, bootstrap=bootstrap, **extra)
+    # --data-dir wins over the file unless left at its default
+    if data_dir != Path(".llmpipe") or "data_dir" not in s.model_fields_set:
+        s = s.model_copy(update={"data_dir": data_dir})
+    logging.basicConfig(level=s.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr)
+    logging.getLogger("aiokafka").setLevel(logging.WARNING)
+    logging.getLogger("httpx").setLevel(logging.WARNING)
+    return s
+
+
+def _stack_bootstrap(s: Settings) -> tuple[str, str]:
+    """(bootstrap, topic prefix): explicit settings first, then the running embedded stack."""
+    from pipeline.stack import running_stack
+
+    if s.bootstrap:
+        return s.bootstrap, s.topic_prefix
+    info = running_stack(s.resolved_data_dir())
+    if info is None:
+        raise CliError(f"no broker: no stack is running for {s.resolved_data_dir()} (llmpipe up) and no --bootstrap")
+    return info.bootstrap, info.topic_prefix
+
+
+def _print_json(doc: Any) -> None:
+    sys.stdout.write(orjson.dumps(doc, default=str).decode() + "\n")
+    sys.stdout.flush()
+
+
+def _query_fn(s: Settings) -> Callable[[str, dict[str, Any]], Any]:
+    """Route SQL to the owner of the warehouse: the running stack's admin endpoint, or directly."""
+    from pipeline.stack import running_stack
+    from pipeline.stores.sql_gateway import query_via_admin
+    from pipeline.stores.warehouse import Warehouse, is_embedded
+
+    dsn = s.resolved_warehouse_dsn()
+    info = running_stack(s.resolved_data_dir())
+    if is_embedded(dsn) and info is not None:
+        return lambda q, p: query_via_admin(info.admin_url, q, p)
+    wh: list[Warehouse] = []
+
+    def direct(q: str, p: dict[str, Any]) -> Any:
+        if not wh:
+            wh.append(Warehouse(dsn))
+            wh[0].migrate()
+        return wh[0].query(q, p)
+
+    return direct
+
+
+# ---- infrastructure ----------------------------------------------------------------------------
+
+
+@app.command()
+@command
+def broker(data_dir: DataDir = Path(".llmpipe"), config: ConfigFile = None, bootstrap: Bootstrap = None,
+           port: Annotated[int, typer.Option(help="0 = a free port")] = 0, json: Json = False) -> None:
+    """Run the embedded Kafka-protocol broker (Tansu) in the foreground until Ctrl-C."""
+    from pipeline.runtime.broker import EmbeddedBroker
+
+    s = _settings(data_dir, config, bootstrap)
+
+    async def run() -> None:
+        b = await EmbeddedBroker(s.resolved_data_dir(), port or s.broker_port).start()
+        try:
+            if json:
+                _print_json({"bootstrap": b.bootstrap, "log": str(b.log_path), "pid": b.proc.pid if b.proc else None})
+            else:
+                out.print(f"broker ready on {b.bootstrap} (log: {b.log_path}); Ctrl-C stops it")
+            stop = asyncio.Event()
+            loop = asyncio.get_running_loop()
+            import signal
+
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                loop.add_signal_handler(sig, stop.set)
+            await stop.wait()
+        finally:
+            b.stop()
+
+    asyncio.run(run())
+
+
+@topics_app.command("apply")
+@command
+def topics_apply(data_dir: DataDir = Path(".llmpipe"), config: ConfigFile = None, bootstrap: Bootstrap = None,
+                 json: Json = False) -> None:
+    """Create every registry topic that is missing (idempotent)."""
+    from pipeline.runtime.topics import apply_topics
+    from pipeline.runtime.topology import Topology
+
+    s = _settings(data_dir, config, bootstrap)
+    bs, prefix = _stack_bootstrap(s)
+    res = asyncio.run(apply_topics(bs, prefix, Topology(s).topic_registry()))
+    if json:
+        _print_json({"created": res.created, "existing": res.existing})
+    else:
+        out.print(f"created {len(res.created)} topics, {len(res.existing)} already existed")
+
+
+@app.command()
+@command
+def up(data_dir: DataDir = Path(".llmpipe"), config: ConfigFile = None, bootstrap: Bootstrap = None,
+       detach: Annotated[bool, typer.Option(help="return once the stack is ready")] = False,
+       processes: Annotated[bool, typer.Option(help="one process per stage group")] = False,
+       json: Json = False) -> None:
+    """Start the embedded stack: broker, topics, warehouse sink, every configured stage."""
+    from pipeline.stack import StackError, run_stack, running_stack, start_detached
+
+    s = _settings(data_dir, config, bootstrap)
+    if detach:
+        if running_stack(s.resolved_data_dir()):
+            raise StackError(f"a stack is already running for {s.resolved_data_dir()} (llmpipe down first)")
+        argv = ["up", "--data-dir", str(s.resolved_data_dir())]
+        if config:
+            argv += ["--config", str(config.resolve())]
+        if bootstrap:
+            argv += ["--bootstrap", bootstrap]
+        if processes:
+            argv.append("--processes")
+        info = start_detached(argv, s.resolved_data_dir())
+        if json:
+            _print_json(info.__dict__)
+        else:
+            out.print(f"stack ready: broker {info.bootstrap}, admin {info.admin_url}, stages {info.stages or 'none'}")
+        return
+    asyncio.run(run_stack(s, processes=processes))
+
+
+@app.command()
+@command
+def down(data_dir: DataDir = Path(".llmpipe"), config: ConfigFile = None, bootstrap: Bootstrap = None,
+         json: Json = False) -> None:
+    """Stop the stack started by `llmpipe up --detach` (drains workers first)."""
+    from pipeline.stack import stop_stack
+
+    s = _settings(data_dir, config, bootstrap)
+    info = stop_stack(s.resolved_data_dir())
+    if json:
+        _print_json({"stopped": info is not None})
+    else:
+        out.print("stack stopped" if info else "no stack was running")
+
+
+@app.command()
+@command
+def worker(stage: Annotated[str, typer.Argument(help="stage name from the topology, or `sink`")],
+           data_dir: DataDir = Path(".llmpipe"), config: ConfigFile = None, bootstrap: Bootstrap = None,
+           admin_port: Annotated[int, typer.Option(help="sink only: admin/SQL port (0 = free)")] = 0) -> None:
+    """Run one stage group's worker against any broker (scale out by running more)."""
+    from pipeline.runtime.launch import run_until_signalled, sink_worker, stage_worker
+    from pipeline.runtime.metrics import serve_metrics
+    from pipeline.runtime.topology import Topology
+    from pipeline.stores.sql_gateway import AdminServer
+    from pipeline.stores.warehouse import Warehouse
+    from pipeline.stores.warehouse_sink import SINK_STAGE
+
+    s = _settings(data_dir, config, bootstrap)
+    bs, _ = _stack_bootstrap(s)
+    if s.metrics_port is not None:
+        port = serve_metrics(s.metrics_port)
+        logging.getLogger(__name__).info("metrics on http://127.0.0.1:%d/metrics", port)
+
+    async def run() -> None:
+        if stage != SINK_STAGE:
+            await run_until_signalled([stage_worker(s, Topology(s), stage, bs)])
+            return
+        wh = Warehouse(s.resolved_warehouse_dsn())
+        admin = await AdminServer(wh, admin_port or s.admin_port).start()
+        try:
+            await run_until_signalled([sink_worker(s, bs, wh)])
+        finally:
+            await admin.stop()
+            wh.close()
+
+    asyncio.run(run())
+
+
+# ---- analysts ----------------------------------------------------------------------------------
+
+
+@app.command()
+@command
+def sql(query: Annotated[str, typer.Argument(help="one read-only statement")],
+        data_dir: DataDir = Path(".llmpipe"), config: ConfigFile = None, bootstrap: Bootstrap = None,
+        format: Annotated[str, typer.Option("--format", help="table | json | csv")] = "table") -> None:
+    """Query the warehouse (through the running stack in embedded mode)."""
+    from pipeline.stores.sql_gateway import check_read_only, jsonable
+
+    if format not in ("table", "json", "csv"):
+        raise CliError("--format must be table, json or csv")
+    s = _settings(data_dir, config, bootstrap)
+    check_read_only(query)
+    res = _query_fn(s)(query, {})
+    rows = [jsonable(list(r)) for r in res.rows]
+    if format == "json":
+        _print_json([dict(zip(res.columns, r)) for r in rows])
+    elif format == "csv":
+        buf = io.StringIO()
+        w = csv.writer(buf)
+        w.writerow(res.columns)
+        w.writerows(rows)
+        sys.stdout.write(buf.getvalue())
+    else:
+        t = Table(*res.columns)
+        for r in rows:
+            t.add_row(*(str(v) for v in r))
+        out.print(t)
+
+
+# ---- callers -----------------------------------------------------------------------------------
+
+
+@app.command()
+@command
+def submit(prompt: Annotated[str, typer.Option("--prompt", help="the user message")],
+           image: Annotated[Optional[list[str]], typer.Option("--image", help="image URL (repeatable)")] = None,
+           api_key: Annotated[Optional[str], typer.Option("--api-key", envvar="LLMPIPE_API_KEY")] = None,
+           model: Annotated[Optional[str], typer.Option("--model")] = None,
+           max_tokens: Annotated[Optional[int], typer.Option("--max-tokens")] = None,
+           seed: Annotated[Optional[int], typer.Option("--seed")] = None,
+           idempotency_key: Annotated[Optional[str], typer.Option("--idempotency-key")] = None,
+           tenant: Annotated[Optional[str], typer.Option("--tenant", help="tenant id (tests; keys map to tenants)")] = None,
+           timeout: Annotated[float, typer.Option("--timeout", help="seconds to wait (also the deadline)")] = 60.0,
+           data_dir: DataDir = Path(".llmpipe"), config: ConfigFile = None, bootstrap: Bootstrap = None,
+           json: Json = False) -> None:
+    """Send one request and print its terminal answer (exit 2 when the status is not ok)."""
+    from pipeline.contracts.request import ChatBody, ChatMessage
+    from pipeline.ingress.client import Client
+
+    s = _settings(data_dir, config, bootstrap)
+    bs, prefix = _stack_bootstrap(s)
+    body = ChatBody(messages=[ChatMessage(role="user", content=prompt)], model=model, max_tokens=max_tokens,
+                    seed=seed, images=image or [])
+
+    async def run() -> Any:
+        async with Client(bs, topic_prefix=prefix) as client:
+            doc = client.build(body=body, timeout_s=timeout, api_key=api_key, idempotency_key=idempotency_key,
+                               tenant_id=tenant)
+            return await client.request(doc, timeout + 5)
+
+    resp = asyncio.run(run())
+    answer = {k: v for k, v in resp.model_dump(mode="json").items() if k in {
+        "request_id", "status", "text", "error_class", "reason", "route", "model", "adapter", "cache", "usage", "timings"}}
+    if json:
+        _print_json(answer)
+    else:
+        out.print(f"[bold]{resp.status.value}[/] {resp.request_id}")
+        if resp.text is not None:
+            out.print(resp.text, markup=False, highlight=False)
+    if resp.status.value != "ok":
+        sys.stderr.write(f"{resp.status.value}: {resp.error_class}: {resp.reason}\n")
+        raise typer.Exit(EXIT_NOT_OK)
+
+
+@app.command()
+@command
+def load(file: Annotated[Path, typer.Option("--file", exists=True, dir_okay=False, help="JSONL of chat bodies")],
+         rate: Annotated[Optional[float], typer.Option("--rate", help="requests per second (default: as fast as allowed)")] = None,
+         concurrency: Annotated[int, typer.Option("--concurrency", min=1)] = 32,
+         api_key: Annotated[Optional[str], typer.Option("--api-key", envvar="LLMPIPE_API_KEY")] = None,
+         timeout: Annotated[float, typer.Option("--timeout")] = 120.0,
+         data_dir: DataDir = Path(".llmpipe"), config: ConfigFile = None, bootstrap: Bootstrap = None,
+         json: Json = False) -> None:
+    """Send a traffic file and print {sent, by_status, by_error_class, latency_ms}."""
+    from pipeline.ingress.client import Client
+    from pipeline.ingress.load import read_traffic, run_load
+
+    s = _settings(data_dir, config, bootstrap)
+    bs, prefix = _stack_bootstrap(s)
+    lines, bad = read_traffic(file)
+
+    async def run() -> Any:
+        with Progress(TextColumn("load"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                      console=err, transient=True) as progress:
+            task = progress.add_task("load", total=len(lines))
+            async with Client(bs, topic_prefix=prefix) as client:
+                return await run_load(client, lines, rate=rate, concurrency=concurrency, timeout_s=timeout,
+                                      api_key=api_key, on_done=lambda: progress.advance(task))
+
+    summary = asyncio.run(run())
+    summary.invalid_lines = bad + summary.invalid_lines
+    for inv in summary.invalid_lines[:20]:
+        err.print(f"line {inv.line_no}: {inv.reason}", markup=False, highlight=False)
+    doc = summary.as_json()
+    if not json:
+        out.print(f"sent {doc['sent']}: {doc['by_status']} latency {doc['latency_ms']}")
+    _print_json(doc)
+
+
+# ---- engineers ---------------------------------------------------------------------------------
+
+
+@app.command()
+@command
+def replay(topic: Annotated[str, typer.Option("--topic", help="registry name (e.g. stage.route) or full name")],
+           stage: Annotated[str, typer.Option("--stage", help="stage whose policy re-decides")],
+           from_offset: Annotated[Optional[str], typer.Option("--from-offset", help="P:O[,P:O...]")] = None,
+           from_time: Annotated[Optional[str], typer.Option("--from-time", help="ISO-8601")] = None,
+           to: Annotated[Optional[str], typer.Option("--to", help="P:O[,P:O...] or ISO-8601, exclusive")] = None,
+           policy: Annotated[Optional[Path], typer.Option("--policy", exists=True, dir_okay=False, help="YAML policy")] = None,
+           shadow: Annotated[bool, typer.Option("--shadow", help="evidence only: nothing reaches callers")] = False,
+           replay_id: Annotated[Optional[str], typer.Option("--replay-id")] = None,
+           idle_ms: Annotated[int, typer.Option("--idle-ms", help="end of range when no --to: idle this long")] = 1500,
+           data_dir: DataDir = Path(".llmpipe"), config: ConfigFile = None, bootstrap: Bootstrap = None,
+           json: Json = False) -> None:
+    """Re-run a stage over a topic range (optionally a new policy, in shadow) and diff its decisions."""
+    from pipeline.replay import RangeSpec, parse_bound, parse_offsets, parse_time_ms, replay as run_replay
+
+    if (from_offset is None) == (from_time is None):
+        raise CliError("give exactly one of --from-offset and --from-time")
+    s = _settings(data_dir, config, bootstrap)
+    bs, prefix = _stack_bootstrap(s)
+    s = s.model_copy(update={"topic_prefix": prefix})
+    end_offsets, end_ms = parse_bound(to)
+    rng = RangeSpec(start_offsets=parse_offsets(from_offset) if from_offset else None,
+                    start_ms=parse_time_ms(from_time) if from_time else None, end_offsets=end_offsets, end_ms=end_ms)
+    pol = None
+    if policy is not None:
+        pol = yaml.safe_load(policy.read_text()) or {}
+        if not isinstance(pol, dict):
+            raise CliError(f"{policy}: a policy file is a YAML mapping")
+    report = asyncio.run(run_replay(s, bs, topic=topic, stage=stage, rng=rng, policy=pol, shadow=shadow,
+                                    replay_id=replay_id, query=_query_fn(s), idle_ms=idle_ms))
+    doc = report.as_json()
+    if not json:
+        out.print(f"replay {report.replay_id}: {report.records} records through {stage} "
+                  f"({'shadow' if shadow else 'live'}); {report.compared} compared, {report.changed} changed, "
+                  f"{report.without_original} without original evidence")
+        t = Table("stage", "change", "count")
+        for change, n in report.transitions.most_common():
+            t.add_row(stage, change, str(n))
+        for reason, n in report.by_reason.most_common():
+            t.add_row(stage, f"reason: {reason}", str(n))
+        out.print(t)
+    _print_json(doc)
+
+
+@app.command()
+@command
+def status(data_dir: DataDir = Path(".llmpipe"), config: ConfigFile = None, bootstrap: Bootstrap = None,
+           json: Json = False) -> None:
+    """Show the running stack (stack.json), if any."""
+    from pipeline.stack import running_stack
+
+    s = _settings(data_dir, config, bootstrap)
+    info = running_stack(s.resolved_data_dir())
+    if info is None:
+        raise CliError(f"no stack is running for {s.resolved_data_dir()}")
+    if json:
+        _print_json(info.__dict__)
+    else:
+        out.print_json(orjson.dumps(info.__dict__).decode())
+
+
+if __name__ == "__main__":
+    app()

@@ -43,7 +43,18 @@ K8S = ROOT / "deploy" / "k8s"
 CONFIG_FILE = K8S / "config" / "llmpipe.yaml"
 TOPICS_FILE = ROOT / "topics" / "topics.yaml"
 
-STAGES = ("mask", "cache", "route", "admit", "media", "vision", "generate", "postprocess")
+DESIGN_STAGES = ("mask", "cache", "route", "admit", "media", "vision", "generate", "postprocess")
+
+
+def _stages() -> tuple[str, ...]:
+    """The design's stages plus any product stage registered in the topology since."""
+    from pipeline.runtime.topology import PRODUCT_STAGES
+
+    return tuple(dict.fromkeys([*PRODUCT_STAGES, *DESIGN_STAGES]))
+
+
+STAGES = _stages()
+FIRST_STAGE = STAGES[0]  # also consumes `requests` (pipeline.runtime.launch.stage_worker)
 WORKERS = STAGES + ("sink",)
 FRONTDOOR = "frontdoor"
 TOPICS_INIT = "topics-init"
@@ -514,6 +525,11 @@ def quantity(value) -> float:
 
 
 def k8s_problems(files: dict[str, list[dict]], kust: dict) -> list[str]:
+    from pipeline.runtime.launch import group_id
+    from pipeline.runtime.topics import TopicNames
+    from pipeline.settings import Settings, SinkSettings
+    from pipeline.stores.warehouse_sink import WarehouseSink
+
     problems: list[str] = []
     docs = [d for ds in files.values() for d in ds]
     for rel, ds in files.items():
@@ -598,6 +614,13 @@ def k8s_problems(files: dict[str, list[dict]], kust: dict) -> list[str]:
         if component not in WORKERS:
             continue
         container_env = set(env_literals) | {e["name"] for c in pod["containers"] for e in c.get("env", [])}
+        expected_group = group_id(Settings.model_construct(topic_prefix=prefix), component)
+        if component == "sink":
+            expected_topics = set(WarehouseSink(None, TopicNames(prefix), SinkSettings(), "deploy-test").topics)
+        else:
+            expected_topics = {TopicNames(prefix).stage_input(component)}
+            if component == FIRST_STAGE:
+                expected_topics.add(TopicNames(prefix).requests)
         topics = set()
         for t in triggers:
             meta = t.get("metadata") or {}
@@ -606,8 +629,8 @@ def k8s_problems(files: dict[str, list[dict]], kust: dict) -> list[str]:
                 continue
             topics.add(meta.get("topic"))
             group = meta.get("consumerGroup")
-            if not group:
-                problems.append(f"{name}: kafka trigger without consumerGroup")
+            if group != expected_group:
+                problems.append(f"{name}: consumerGroup {group!r}, the worker's group is {expected_group!r}")
             elif groups.setdefault(group, name) != name:
                 problems.append(f"{name}: consumerGroup {group!r} is also {groups[group]}'s")
             bootstrap_env = meta.get("bootstrapServersFromEnv")
@@ -618,13 +641,16 @@ def k8s_problems(files: dict[str, list[dict]], kust: dict) -> list[str]:
             short = str(meta.get("topic", "")).removeprefix(prefix)
             if not str(meta.get("topic", "")).startswith(prefix) or short not in registry:
                 problems.append(f"{name}: trigger topic {meta.get('topic')!r} is not {prefix}<topic in topics.yaml>")
-            elif meta.get("allowIdleConsumers", "false") == "false" and \
-                    so.get("maxReplicaCount", 100) > int(registry[short]["partitions"]):
-                problems.append(f"{name}: maxReplicaCount exceeds the partitions of {short}")
-        if component in STAGES and topics != {f"{prefix}stage.{component}"}:
-            problems.append(f"{name}: scales on {sorted(map(str, topics))}, expected its input {prefix}stage.{component}")
-        if component == "sink" and f"{prefix}evidence" not in topics:
-            problems.append(f"{name}: must scale on {prefix}evidence lag")
+            if meta.get("allowIdleConsumers", "false") != "false":
+                problems.append(f"{name}: allowIdleConsumers would add members with no partition")
+        # Members beyond the group's partition count (all its topics) sit idle.
+        partitions = sum(int(registry[t.removeprefix(prefix)]["partitions"]) for t in expected_topics
+                         if t.removeprefix(prefix) in registry)
+        if so.get("maxReplicaCount", 100) > partitions:
+            problems.append(f"{name}: maxReplicaCount exceeds the {partitions} partitions its group consumes")
+        if topics != expected_topics:
+            problems.append(f"{name}: scales on {sorted(map(str, topics))}, expected the topics its worker "
+                            f"consumes {sorted(expected_topics)}")
     for s in scaled:
         if s["spec"]["scaleTargetRef"]["name"] not in deployments:
             problems.append(f"ScaledObject {s['metadata']['name']}: targets no Deployment")
@@ -658,8 +684,11 @@ def _scaled(files, component):
          "no resources.limits.cpu"),
         (lambda f: _scaled(f, "media")["spec"]["scaleTargetRef"].update(name="llmpipe-medai"), "targets no Deployment"),
         (lambda f: _scaled(f, "admit")["spec"]["triggers"][0]["metadata"].update(topic="llmpipe.stage.route"),
-         "expected its input"),
-        (lambda f: _scaled(f, "vision")["spec"].update(maxReplicaCount=50), "exceeds the partitions"),
+         "expected the topics its worker consumes"),
+        (lambda f: _scaled(f, "mask")["spec"]["triggers"].pop(), "expected the topics its worker consumes"),
+        (lambda f: _scaled(f, "route")["spec"]["triggers"][0]["metadata"].update(consumerGroup="llmpipe.route"),
+         "the worker's group is 'llmpipe.stage.route'"),
+        (lambda f: _scaled(f, "vision")["spec"].update(maxReplicaCount=50), "maxReplicaCount exceeds"),
         (lambda f: _deployment(f, "sink")["spec"]["template"]["spec"]["containers"][0].update(image="llmpipe:latest"),
          "not pinned"),
         (lambda f: f.pop("stages/cache.yaml"), "no Deployment for 'cache'"),

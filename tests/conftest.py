@@ -1,0 +1,151 @@
+"""Shared fixtures: one embedded broker per session, unique topic prefixes per test, and helpers
+to run stage workers and the warehouse sink as real processes."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+import pytest_asyncio
+import yaml
+
+from pipeline.runtime.broker import EmbeddedBroker, free_port
+from pipeline.runtime.topics import apply_topics
+from pipeline.runtime.topology import Topology
+from pipeline.settings import Settings, StageSpec
+from pipeline.stores.sql_gateway import query_via_admin
+
+ROOT = Path(__file__).resolve().parents[1]
+# Every process we start (and this one) keeps torch/BLAS to one thread on 2 cores.
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+
+
+@pytest_asyncio.fixture(scope="session", loop_scope="session")
+async def broker(tmp_path_factory: pytest.TempPathFactory) -> EmbeddedBroker:
+    b = await EmbeddedBroker(tmp_path_factory.mktemp("broker")).start()
+    yield b
+    b.stop()
+
+
+@pytest.fixture
+def prefix() -> str:
+    return f"t{uuid.uuid4().hex[:10]}."
+
+
+def settings_for(tmp_path: Path, prefix: str, bootstrap: str, stages: list[dict[str, Any]], **extra: Any) -> Settings:
+    return Settings(data_dir=tmp_path, topic_prefix=prefix, bootstrap=bootstrap,
+                    stages=[StageSpec.model_validate(s) for s in stages], **extra)
+
+
+async def create_topics(settings: Settings) -> None:
+    assert settings.bootstrap
+    await apply_topics(settings.bootstrap, settings.topic_prefix, Topology(settings).topic_registry())
+
+
+async def wait_until(cond: Callable[[], Any], timeout: float, what: str, interval: float = 0.2) -> Any:
+    """Poll a condition (sync or async) until truthy; fail with `what` after `timeout` seconds."""
+    deadline = time.monotonic() + timeout
+    last = None
+    while time.monotonic() < deadline:
+        last = cond()
+        if asyncio.iscoroutine(last):
+            last = await last
+        if last:
+            return last
+        await asyncio.sleep(interval)
+    raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what} (last: {last!r})")
+
+
+class Proc:
+    """A `llmpipe worker` child process configured through a YAML file and environment."""
+
+    def __init__(self, stage: str, settings: Settings, log: Path, env: dict[str, str] | None = None,
+                 args: list[str] | None = None) -> None:
+        cfg = log.with_suffix(".yaml")
+        cfg.write_text(yaml.safe_dump({"stages": [s.model_dump(by_alias=True, exclude_none=True) for s in settings.stages]}))
+        full_env = {**os.environ, "LLMPIPE_CONFIG": str(cfg), "LLMPIPE_BOOTSTRAP": settings.bootstrap or "",
+                    "LLMPIPE_TOPIC_PREFIX": settings.topic_prefix, "LLMPIPE_DATA_DIR": str(settings.data_dir),
+                    **(env or {})}
+        self.log = log
+        self.proc = subprocess.Popen([sys.executable, "-m", "pipeline.cli", "worker", stage, *(args or [])],
+                                     cwd=ROOT, env=full_env, stdout=open(log, "ab"), stderr=subprocess.STDOUT)
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    def stop(self, timeout: float = 60) -> int:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        return self.proc.returncode
+
+    def kill9(self) -> None:
+        self.proc.kill()
+        self.proc.wait()
+
+    def tail(self, n: int = 30) -> str:
+        return "\n".join(self.log.read_text(errors="replace").splitlines()[-n:])
+
+
+class Sink:
+    """The warehouse sink as its own process (it owns its chDB directory), queried over its admin API."""
+
+    def __init__(self, settings: Settings, tmp_path: Path) -> None:
+        self.port = free_port()
+        s = settings.model_copy(update={"data_dir": tmp_path / "sink"})
+        (tmp_path / "sink").mkdir(exist_ok=True)
+        self.proc = Proc("sink", s, tmp_path / "sink.log", args=["--admin-port", str(self.port)])
+        self.url = f"http://127.0.0.1:{self.port}"
+
+    async def ready(self) -> None:
+        def ok() -> bool:
+            if self.proc.proc.poll() is not None:
+                raise AssertionError(f"sink exited: {self.proc.tail()}")
+            try:
+                return httpx.get(f"{self.url}/health", timeout=1).status_code == 200
+            except httpx.HTTPError:
+                return False
+
+        await wait_until(ok, 60, "sink admin endpoint")
+
+    def query(self, sql: str, params: dict[str, Any] | None = None) -> list[tuple]:
+        return query_via_admin(self.url, sql, params).rows
+
+    def scalar(self, sql: str) -> Any:
+        return self.query(sql)[0][0]
+
+    def stop(self) -> None:
+        self.proc.stop()
+
+
+async def read_topic(bootstrap: str, topic: str, count: int, timeout: float = 60) -> list:
+    """Read `topic` from the beginning until `count` records arrived (all partitions)."""
+    from aiokafka import AIOKafkaConsumer
+
+    c = AIOKafkaConsumer(topic, bootstrap_servers=bootstrap, auto_offset_reset="earliest", enable_auto_commit=False,
+                         fetch_max_wait_ms=5, group_id=None)
+    await c.start()
+    got: list = []
+    try:
+        deadline = time.monotonic() + timeout
+        while len(got) < count and time.monotonic() < deadline:
+            batches = await asyncio.wait_for(c.getmany(timeout_ms=200), 10)
+            for recs in batches.values():
+                got.extend(recs)
+    finally:
+        await c.stop()
+    return got

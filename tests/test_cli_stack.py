@@ -1,0 +1,103 @@
+"""The stack as a user runs it: `llmpipe up --detach`, submit, sql while it runs, replay in shadow, down."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import orjson
+import pytest
+
+from tests.conftest import ROOT
+
+pytestmark = pytest.mark.integration
+
+CONFIG = ROOT / "tests" / "fixtures" / "two_stage.yaml"
+POLICY_V2 = ROOT / "tests" / "fixtures" / "classify_v2.yaml"
+
+
+def llmpipe(*args: str, data_dir, timeout: float = 180) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "pipeline.cli", *args, "--data-dir", str(data_dir)], cwd=ROOT,
+                          capture_output=True, text=True, timeout=timeout)
+
+
+def last_json(proc: subprocess.CompletedProcess):
+    return orjson.loads(proc.stdout.strip().splitlines()[-1])
+
+
+@pytest.fixture
+def stack(tmp_path):
+    up = llmpipe("up", "--detach", "--config", str(CONFIG), "--json", data_dir=tmp_path)
+    assert up.returncode == 0, up.stderr
+    yield last_json(up)
+    down = llmpipe("down", data_dir=tmp_path)
+    assert down.returncode == 0, down.stderr
+    assert not (tmp_path / "stack.json").exists()
+
+
+def test_up_submit_sql_replay_down(stack, tmp_path):
+    assert stack["stages"] == ["classify", "answer"]
+    assert (tmp_path / "stack.json").exists()
+    again = llmpipe("up", "--detach", "--config", str(CONFIG), data_dir=tmp_path)
+    assert again.returncode == 1 and "already running" in again.stderr
+
+    prompts = ["hi", "hello", "a medium prompt", "a prompt that is clearly long enough"]
+    for p in prompts:
+        r = llmpipe("submit", "--prompt", p, "--json", data_dir=tmp_path)
+        assert r.returncode == 0, r.stderr
+        ans = last_json(r)
+        assert ans["status"] == "ok" and ans["text"] == p.upper()
+        assert set(ans["timings"]) == {"classify", "answer"}
+    boom = llmpipe("submit", "--prompt", "explode", "--json", data_dir=tmp_path)
+    assert boom.returncode == 2 and last_json(boom)["error_class"] == "test_explosion"
+    assert "test_explosion" in boom.stderr.strip().splitlines()[-1]
+
+    def count() -> int:
+        r = llmpipe("sql", "SELECT count() AS n FROM decisions FINAL WHERE replay_id = ''", "--format", "json",
+                    data_dir=tmp_path)
+        assert r.returncode == 0, r.stderr
+        return last_json(r)[0]["n"]
+
+    import time
+
+    deadline = time.monotonic() + 60
+    while count() < 10 and time.monotonic() < deadline:  # 5 classify + 4 answered + 1 dlq
+        time.sleep(0.5)
+    assert count() == 10
+    csv_out = llmpipe("sql", "SELECT stage, count() FROM decisions FINAL GROUP BY stage ORDER BY stage",
+                      "--format", "csv", data_dir=tmp_path)
+    assert csv_out.stdout.splitlines()[1:] == ["answer,5", "classify,5"]
+    refused = llmpipe("sql", "DROP TABLE decisions", data_dir=tmp_path)
+    assert refused.returncode == 1 and "read-only" in refused.stderr
+
+    rep = llmpipe("replay", "--topic", "requests", "--from-offset", ",".join(f"{p}:0" for p in range(6)),
+                  "--stage", "classify", "--policy", str(POLICY_V2), "--shadow", "--replay-id", "r-test",
+                  "--config", str(CONFIG), "--json", data_dir=tmp_path)
+    assert rep.returncode == 0, rep.stderr
+    diff = last_json(rep)
+    # threshold 20 -> 8: "a medium prompt" (15 chars) flips short -> long; "hi", "hello", "explode" stay short
+    assert diff["records"] == 5 and diff["compared"] == 5
+    assert diff["changes"] == {"classify": {"short -> long": 1}}
+    assert diff["examples"][0]["after"] == "long"
+    assert "short -> long" in rep.stdout
+
+    def shadow_rows():
+        r = llmpipe("sql", "SELECT count(), min(shadow), max(policy_version) FROM decisions FINAL "
+                    "WHERE replay_id = 'r-test'", "--format", "json", data_dir=tmp_path)
+        return list(last_json(r)[0].values())
+
+    deadline = time.monotonic() + 60
+    while shadow_rows()[0] < 5 and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert shadow_rows() == [5, 1, "classify-v2"]
+    assert count() == 10, "a shadow replay answers nobody and forwards nothing"
+
+
+def test_cli_errors_are_one_line(tmp_path):
+    r = llmpipe("submit", "--prompt", "x", data_dir=tmp_path)
+    assert r.returncode == 1
+    assert r.stderr.strip().startswith("error: no broker") and len(r.stderr.strip().splitlines()) == 1
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("runtime: {queue_bound: -1}\n")
+    r = llmpipe("status", "--config", str(bad), data_dir=tmp_path)
+    assert r.returncode == 1 and "queue_bound" in r.stderr

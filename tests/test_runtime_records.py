@@ -1,0 +1,80 @@
+"""The record protocol on a real broker: DLQ paths, deadlines, answers and evidence."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import orjson
+import pytest
+from aiokafka import AIOKafkaProducer
+
+from pipeline.contracts import DlqRecord, Evidence, Response
+from pipeline.ingress import Client
+from pipeline.runtime.codec import decode
+from pipeline.runtime.launch import stage_worker
+from pipeline.runtime.topics import TopicNames
+from pipeline.runtime.topology import Topology
+from tests.conftest import create_topics, read_topic, settings_for
+from tests.stages import Answer
+
+pytestmark = [pytest.mark.integration, pytest.mark.asyncio(loop_scope="session")]
+
+
+async def test_poison_records_land_in_dlq_and_the_stage_goes_on(broker, prefix, tmp_path):
+    s = settings_for(tmp_path, prefix, broker.bootstrap, [{"name": "answer", "class": "tests.stages:Answer"}])
+    await create_topics(s)
+    names = TopicNames(prefix)
+    async with stage_worker(s, Topology(s), "answer", broker.bootstrap), Client(broker.bootstrap, topic_prefix=prefix) as client:
+        not_json = b"\xff\xfe this is { not json"
+        good = client.build("fine")
+        invalid = orjson.loads(client.build("x").model_dump_json())
+        invalid["body"]["messages"] = "not-a-list"  # schema-invalid, but request_id and reply_to readable
+        explode = client.build("please explode")
+        p = AIOKafkaProducer(bootstrap_servers=broker.bootstrap, acks="all")
+        await p.start()
+        try:
+            await p.send_and_wait(names.requests, not_json, key=b"k1", headers=[("request_id", b"raw-1")])
+            await p.send_and_wait(names.requests, orjson.dumps(invalid), key=invalid["request_id"].encode())
+        finally:
+            await p.stop()
+        f_invalid = client._pending.setdefault(invalid["request_id"], asyncio.get_running_loop().create_future())
+        explode_resp, good_resp = await asyncio.gather(client.request(explode, 60), client.request(good, 60))
+        invalid_resp = await client.wait(invalid["request_id"], f_invalid, 60)
+
+    assert good_resp.status == "ok" and good_resp.text == "FINE"
+    assert explode_resp.status == "error" and explode_resp.error_class == "test_explosion"
+    assert invalid_resp.status == "error" and invalid_resp.error_class == "schema_invalid"
+
+    dlq = [decode(r.value, DlqRecord) for r in await read_topic(broker.bootstrap, names.dlq, 3)]
+    by_class = {d.error_class: d for d in dlq}
+    assert set(by_class) == {"undecodable", "schema_invalid", "test_explosion"}
+    assert by_class["undecodable"].original_value() == not_json
+    assert by_class["undecodable"].original_key() == b"k1"
+    assert ("request_id", "cmF3LTE=") in by_class["undecodable"].headers  # base64 of raw-1
+    assert orjson.loads(by_class["schema_invalid"].original_value()) == invalid
+    assert "body.messages" in by_class["schema_invalid"].error
+    assert "not-a-list" not in by_class["schema_invalid"].error  # values are not echoed
+    assert by_class["test_explosion"].attempts == s.runtime.max_attempts
+    assert orjson.loads(by_class["test_explosion"].original_value())["request_id"] == explode.request_id
+
+
+async def test_a_record_past_its_deadline_is_answered_and_never_processed(broker, prefix, tmp_path):
+    s = settings_for(tmp_path, prefix, broker.bootstrap, [{"name": "answer", "class": "tests.stages:Answer"}])
+    await create_topics(s)
+    names = TopicNames(prefix)
+    async with Client(broker.bootstrap, topic_prefix=prefix) as client:
+        late = client.build("too late", deadline_ms=int(time.time() * 1000) - 1000)
+        fut = await client.submit(late)  # published before any worker runs
+        before = Answer.processed
+        async with stage_worker(s, Topology(s), "answer", broker.bootstrap):
+            resp = await client.wait(late.request_id, fut, 60)
+            on_time = await client.request(client.build("on time"), 60)
+    assert resp.status == "deadline_exceeded" and resp.error_class == "deadline_exceeded"
+    assert on_time.status == "ok"
+    assert Answer.processed == before + 1  # only the on-time request reached the stage
+    evidence = [decode(r.value, Evidence) for r in await read_topic(broker.bootstrap, names.evidence, 2)]
+    late_ev = [e for e in evidence if e.request_id == late.request_id]
+    assert [e.decision for e in late_ev] == ["deadline_exceeded"]
+    responses = [decode(r.value, Response) for r in await read_topic(broker.bootstrap, names.responses, 2)]
+    assert sorted(r.status.value for r in responses) == ["deadline_exceeded", "ok"]

@@ -288,6 +288,45 @@ def sql(query: Annotated[str, typer.Argument(help="one read-only statement")],
         out.print(t)
 
 
+REPORT_QUERIES = {
+    "requests_by_status": "SELECT status, count() AS requests FROM requests FINAL WHERE replay_id = '' "
+                          "GROUP BY status ORDER BY requests DESC",
+    "decisions": "SELECT stage, decision, count() AS n FROM decisions FINAL WHERE replay_id = '' "
+                 "GROUP BY stage, decision ORDER BY stage, n DESC",
+    "stage_latency_ms": "SELECT stage, round(quantile(0.5)(queue_ms), 1) AS queue_p50, "
+                        "round(quantile(0.99)(queue_ms), 1) AS queue_p99, "
+                        "round(quantile(0.5)(service_ms), 1) AS service_p50 FROM decisions FINAL "
+                        "WHERE replay_id = '' GROUP BY stage ORDER BY stage",
+    "e2e_ms": "SELECT round(quantile(0.5)(e2e_ms), 1) AS p50, round(quantile(0.95)(e2e_ms), 1) AS p95, "
+              "round(quantile(0.99)(e2e_ms), 1) AS p99 FROM requests FINAL WHERE replay_id = ''",
+    "dead_letters": "SELECT stage, error_class, count() AS n FROM dead_letters FINAL GROUP BY stage, error_class "
+                    "ORDER BY n DESC",
+}
+
+
+@app.command()
+@command
+def report(data_dir: DataDir = Path(".llmpipe"), config: ConfigFile = None, bootstrap: Bootstrap = None,
+           json: Json = False) -> None:
+    """Summarise the warehouse: requests by status, decisions, per-stage latency, dead letters."""
+    from pipeline.stores.sql_gateway import jsonable
+
+    s = _settings(data_dir, config, bootstrap)
+    query = _query_fn(s)
+    doc = {}
+    for title, q in REPORT_QUERIES.items():
+        res = query(q, {})
+        rows = [jsonable(list(r)) for r in res.rows]
+        doc[title] = [dict(zip(res.columns, r)) for r in rows]
+        if not json:
+            t = Table(*res.columns, title=title.replace("_", " "))
+            for r in rows:
+                t.add_row(*(str(v) for v in r))
+            out.print(t)
+    if json:
+        _print_json(doc)
+
+
 # ---- callers -----------------------------------------------------------------------------------
 
 

@@ -78,3 +78,26 @@ async def test_a_record_past_its_deadline_is_answered_and_never_processed(broker
     assert [e.decision for e in late_ev] == ["deadline_exceeded"]
     responses = [decode(r.value, Response) for r in await read_topic(broker.bootstrap, names.responses, 2)]
     assert sorted(r.status.value for r in responses) == ["deadline_exceeded", "ok"]
+
+
+async def test_a_request_published_by_another_kafka_client_is_answered(broker, prefix, tmp_path):
+    """confluent-kafka (librdkafka) as the producer: the wire contract as other people's code uses it."""
+    from confluent_kafka import Producer
+
+    s = settings_for(tmp_path, prefix, broker.bootstrap, [{"name": "answer", "class": "tests.stages:Answer"}])
+    await create_topics(s)
+    names = TopicNames(prefix)
+    async with stage_worker(s, Topology(s), "answer", broker.bootstrap), Client(broker.bootstrap, topic_prefix=prefix) as client:
+        doc = client.build("from librdkafka")
+        fut = client._pending.setdefault(doc.request_id, asyncio.get_running_loop().create_future())
+        value = orjson.dumps({"schema": "request/v1", "request_id": doc.request_id, "deadline_ms": doc.deadline_ms,
+                              "reply_to": {"topic": names.responses, "partition": client.reply_partition},
+                              "body": {"messages": [{"role": "user", "content": "from librdkafka"}]}})
+        errors = []
+        p = Producer({"bootstrap.servers": broker.bootstrap, "acks": "all", "enable.idempotence": False})
+        p.produce(names.requests, value, key=doc.request_id.encode(), headers=[("request_id", doc.request_id.encode())],
+                  on_delivery=lambda err, msg: errors.append(err))
+        await asyncio.to_thread(p.flush, 30)
+        assert errors == [None]
+        resp = await client.wait(doc.request_id, fut, 60)
+    assert resp.status == "ok" and resp.text == "FROM LIBRDKAFKA"

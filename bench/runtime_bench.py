@@ -1,0 +1,349 @@
+"""Runtime benchmarks on the embedded broker: per-hop latency and one worker's max throughput.
+
+    .venv/bin/python bench/runtime_bench.py            # full: 20 s latency run, 20,000 records
+    .venv/bin/python bench/runtime_bench.py --quick    # 5 s, 5,000 records
+    .venv/bin/python bench/runtime_bench.py --procs    # latency: stage workers as subprocesses
+
+1. latency: h1,h2,h3 (tests.stages:Relay) -> h4 (tests.stages:Answer), paced at --rate req/s.
+   Per hop: Response.timings[stage].queue_ms (input record timestamp -> processing start:
+   produce + broker + fetch + queue wait). Also client end-to-end and service_ms.
+2. throughput: N records pre-published to a 1-stage topology's input (tests.stages:Answer),
+   then one worker is started; records/s = N / (first partition assigned -> N-th answer acked
+   on `responses`), once per --concurrency value.
+
+Prints a rich table per bench, then one JSON line (the last line of stdout).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+import platform
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))  # `tests.stages` must import
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+
+import typer  # noqa: E402
+import yaml  # noqa: E402
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition  # noqa: E402
+from rich.console import Console  # noqa: E402
+from rich.table import Table  # noqa: E402
+
+from pipeline.contracts import ReplyTo, RequestDoc  # noqa: E402
+from pipeline.contracts.base import now_ms  # noqa: E402
+from pipeline.contracts.request import ChatBody, ChatMessage  # noqa: E402
+from pipeline.ingress.client import Client  # noqa: E402
+from pipeline.runtime.broker import EmbeddedBroker  # noqa: E402
+from pipeline.runtime.codec import encode, request_headers  # noqa: E402
+from pipeline.runtime.launch import stage_worker  # noqa: E402
+from pipeline.runtime.topics import TopicNames, apply_topics  # noqa: E402
+from pipeline.runtime.topology import Topology  # noqa: E402
+from pipeline.runtime.worker import StageWorker  # noqa: E402
+from pipeline.settings import Settings, StageSpec  # noqa: E402
+
+HOP_TARGET_MS = 5.0
+HOPS = ["h1", "h2", "h3", "h4"]
+console = Console(stderr=False)
+
+
+def pct(values: list[float], q: float) -> float | None:
+    """Percentile with linear interpolation between closest ranks."""
+    if not values:
+        return None
+    s = sorted(values)
+    pos = (len(s) - 1) * q / 100
+    lo = int(pos)
+    hi = min(lo + 1, len(s) - 1)
+    return round(s[lo] + (s[hi] - s[lo]) * (pos - lo), 2)
+
+
+def fmt(v: float | None, nd: int = 1) -> str:
+    return "-" if v is None else f"{v:.{nd}f}"
+
+
+def make_settings(data_dir: Path, prefix: str, bootstrap: str, stages: list[dict[str, Any]]) -> Settings:
+    return Settings(data_dir=data_dir, topic_prefix=prefix, bootstrap=bootstrap,
+                    stages=[StageSpec.model_validate(s) for s in stages])
+
+
+async def create_topics(s: Settings) -> None:
+    assert s.bootstrap
+    await apply_topics(s.bootstrap, s.topic_prefix, Topology(s).topic_registry())
+
+
+class WorkerProc:
+    """A `llmpipe worker STAGE` child process (as tests/conftest.py Proc)."""
+
+    def __init__(self, stage: str, s: Settings, log: Path) -> None:
+        cfg = log.with_suffix(".yaml")
+        cfg.write_text(yaml.safe_dump({"stages": [x.model_dump(by_alias=True, exclude_none=True) for x in s.stages]}))
+        env = {**os.environ, "LLMPIPE_CONFIG": str(cfg), "LLMPIPE_BOOTSTRAP": s.bootstrap or "",
+               "LLMPIPE_TOPIC_PREFIX": s.topic_prefix, "LLMPIPE_DATA_DIR": str(s.data_dir),
+               "LLMPIPE_LOG_LEVEL": "WARNING", "PYTHONPATH": str(ROOT)}
+        self.proc = subprocess.Popen([sys.executable, "-m", "pipeline.cli", "worker", stage], cwd=ROOT, env=env,
+                                     stdout=open(log, "ab"), stderr=subprocess.STDOUT)
+
+    def stop(self, timeout: float = 30) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+
+
+# ---- 1. per-hop latency ----------------------------------------------------------------------
+
+
+async def latency_bench(broker: EmbeddedBroker, tmp: Path, rate: float, duration_s: float, warmup_s: float,
+                        procs: bool) -> dict[str, Any]:
+    prefix = f"bench{uuid.uuid4().hex[:8]}."
+    stages = [{"name": h, "class": "tests.stages:Relay"} for h in HOPS[:-1]] + [{"name": HOPS[-1], "class": "tests.stages:Answer"}]
+    s = make_settings(tmp / "latency", prefix, broker.bootstrap, stages)
+    (tmp / "latency").mkdir(exist_ok=True)
+    await create_topics(s)
+    topo = Topology(s)
+    workers: list[StageWorker] = []
+    children: list[WorkerProc] = []
+    try:
+        if procs:
+            children = [WorkerProc(h, s, tmp / "latency" / f"{h}.log") for h in HOPS]
+        else:
+            for h in HOPS:
+                workers.append(await stage_worker(s, topo, h, broker.bootstrap).start())
+        async with Client(broker.bootstrap, topic_prefix=prefix) as client:
+            # ready = one request makes it through every hop (group joins done)
+            t_ready = time.perf_counter()
+            first = client.build("ready?", timeout_s=120)
+            await client.wait(first.request_id, await client.submit(first), 120)
+            ready_s = time.perf_counter() - t_ready
+            if warmup_s > 0:
+                await paced(client, rate, warmup_s)  # discarded
+            samples, sent, achieved_rps, timeouts = await paced(client, rate, duration_s)
+        hop_q = {h: [t[h]["queue_ms"] for t in samples if h in t] for h in HOPS}
+        hop_s = {h: [t[h]["service_ms"] for t in samples if h in t] for h in HOPS}
+        e2e = [t["_e2e_ms"] for t in samples]
+        hops = {}
+        for h in HOPS:
+            p50 = pct(hop_q[h], 50)
+            hops[h] = {"stage": "Relay" if h != HOPS[-1] else "Answer", "n": len(hop_q[h]),
+                       "queue_p50_ms": p50, "queue_p95_ms": pct(hop_q[h], 95), "queue_p99_ms": pct(hop_q[h], 99),
+                       "service_p50_ms": pct(hop_s[h], 50),
+                       "ratio_p50_to_5ms": None if p50 is None else round(p50 / HOP_TARGET_MS, 2)}
+        sum_p50 = [sum(t[h]["queue_ms"] for h in HOPS) for t in samples if all(h in t for h in HOPS)]
+        return {
+            "workers": "subprocess" if procs else "in-process", "rate_target": rate, "rate_achieved": round(achieved_rps, 1),
+            "duration_s": duration_s, "warmup_s": warmup_s, "sent": sent, "answered": len(samples),
+            "timeouts": timeouts, "ready_s": round(ready_s, 2), "hops": hops,
+            "all_hops_p50_ms": pct([v for h in HOPS for v in hop_q[h]], 50),
+            "sum_of_hops_p50_ms": pct(sum_p50, 50),
+            "e2e_p50_ms": pct(e2e, 50), "e2e_p95_ms": pct(e2e, 95), "e2e_p99_ms": pct(e2e, 99),
+        }
+    finally:
+        for c in children:
+            c.stop()
+        for w in workers:  # upstream first
+            await w.stop()
+
+
+async def paced(client: Client, rate: float, duration_s: float) -> tuple[list[dict[str, Any]], int, float, int]:
+    """Send at `rate` req/s for duration_s (open loop: a late answer never delays the next send)."""
+    results: list[dict[str, Any]] = []
+    timeouts = 0
+
+    async def one() -> None:
+        nonlocal timeouts
+        t0 = time.perf_counter()
+        doc = client.build("bench hop latency", timeout_s=60)
+        try:
+            fut = await client.submit(doc)
+            resp = await client.wait(doc.request_id, fut, 60)
+        except Exception:  # noqa: BLE001 - counted, not fatal
+            timeouts += 1
+            return
+        e2e = (time.perf_counter() - t0) * 1000
+        t = {k: {"queue_ms": v.queue_ms, "service_ms": v.service_ms} for k, v in resp.timings.items()}
+        t["_e2e_ms"] = e2e
+        results.append(t)
+
+    n = int(rate * duration_s)
+    tasks = []
+    start = time.perf_counter()
+    for i in range(n):
+        delay = start + i / rate - time.perf_counter()
+        if delay > 0:
+            await asyncio.sleep(delay)
+        tasks.append(asyncio.create_task(one()))
+    send_span = time.perf_counter() - start
+    await asyncio.gather(*tasks)
+    return results, n, n / send_span if send_span > 0 else 0.0, timeouts
+
+
+# ---- 2. single-worker throughput -------------------------------------------------------------
+
+
+def build_docs(prefix: str, n: int) -> list[RequestDoc]:
+    reply = ReplyTo(topic=TopicNames(prefix).responses, partition=0)
+    created = now_ms()
+    return [RequestDoc(request_id=uuid.uuid4().hex, created_ms=created, deadline_ms=created + 3_600_000, reply_to=reply,
+                       body=ChatBody(messages=[ChatMessage(role="user", content=f"throughput record {i}")]))
+            for i in range(n)]
+
+
+async def publish(bootstrap: str, topic: str, docs: list[RequestDoc]) -> None:
+    p = AIOKafkaProducer(bootstrap_servers=bootstrap, acks="all", linger_ms=5, max_batch_size=256 << 10)
+    await p.start()
+    try:
+        futs = []
+        for d in docs:
+            futs.append(await p.send(topic, encode(d), key=d.request_id.encode(),
+                                     headers=request_headers(d.request_id, d.tenant_id, d.deadline_ms, d.attempt, None)))
+            if len(futs) >= 2000:
+                await asyncio.gather(*futs)
+                futs = []
+        await asyncio.gather(*futs)
+    finally:
+        await p.stop()
+
+
+async def throughput_one(broker: EmbeddedBroker, tmp: Path, n: int, concurrency: int, timeout_s: float) -> dict[str, Any]:
+    prefix = f"bench{uuid.uuid4().hex[:8]}."
+    names = TopicNames(prefix)
+    stage = "answer"
+    s = make_settings(tmp / "tput", prefix, broker.bootstrap,
+                      [{"name": stage, "class": "tests.stages:Answer", "runtime": {"concurrency": concurrency}}])
+    (tmp / "tput").mkdir(exist_ok=True)
+    await create_topics(s)
+    docs = build_docs(prefix, n)
+    t_pub = time.perf_counter()
+    await publish(broker.bootstrap, names.stage_input(stage), docs)
+    publish_s = time.perf_counter() - t_pub
+    del docs
+
+    watcher = AIOKafkaConsumer(bootstrap_servers=broker.bootstrap, enable_auto_commit=False, group_id=None)
+    await watcher.start()
+    n_parts = Topology(s).topic_registry()["responses"].partitions
+    tps = [TopicPartition(names.responses, p) for p in range(n_parts)]
+
+    async def answered() -> int:
+        return sum((await watcher.end_offsets(tps)).values())
+
+    worker = stage_worker(s, Topology(s), stage, broker.bootstrap)
+    t_start = time.perf_counter()
+    t_assigned = None
+    done = 0
+    try:
+        await worker.start()
+        deadline = t_start + timeout_s
+        while time.perf_counter() < deadline:
+            if t_assigned is None and worker._generation:  # first partitions assigned: records start flowing
+                t_assigned = time.perf_counter()
+            if t_assigned is not None:
+                done = await answered()
+                if done >= n:
+                    break
+            await asyncio.sleep(0.005 if t_assigned is None else 0.02)
+        t_done = time.perf_counter()
+    finally:
+        await worker.stop()
+        await watcher.stop()
+    t_assigned = t_assigned or t_done
+    span = t_done - t_assigned
+    return {"concurrency": concurrency, "records": n, "answered": done, "complete": done >= n,
+            "publish_s": round(publish_s, 2), "join_s": round(t_assigned - t_start, 2), "process_s": round(span, 2),
+            "records_per_s": round(done / span, 1) if span > 0 else None,
+            "records_per_s_incl_join": round(done / (t_done - t_start), 1)}
+
+
+# ---- report ----------------------------------------------------------------------------------
+
+
+def latency_table(r: dict[str, Any]) -> Table:
+    t = Table(title=f"Per-hop latency: 4-stage chain, {r['rate_achieved']}/{r['rate_target']:.0f} req/s for "
+                    f"{r['duration_s']:.0f} s, {r['answered']}/{r['sent']} answered, workers {r['workers']}")
+    for col in ("hop", "stage", "queue p50 ms", "queue p95 ms", "queue p99 ms", "service p50 ms", "p50 / 5 ms"):
+        t.add_column(col, justify="left" if col in ("hop", "stage") else "right")
+    for h, v in r["hops"].items():
+        t.add_row(h, v["stage"], fmt(v["queue_p50_ms"]), fmt(v["queue_p95_ms"]), fmt(v["queue_p99_ms"]),
+                  fmt(v["service_p50_ms"]), fmt(v["ratio_p50_to_5ms"], 2))
+    t.add_row("all hops", "", fmt(r["all_hops_p50_ms"]), "", "", "",
+              fmt(None if r["all_hops_p50_ms"] is None else r["all_hops_p50_ms"] / HOP_TARGET_MS, 2))
+    t.add_row("end-to-end", "client", fmt(r["e2e_p50_ms"]), fmt(r["e2e_p95_ms"]), fmt(r["e2e_p99_ms"]), "", "")
+    return t
+
+
+def throughput_table(rows: list[dict[str, Any]]) -> Table:
+    t = Table(title=f"One worker (tests.stages:Answer), {rows[0]['records']:,} pre-published records")
+    for col in ("concurrency", "records/s", "process s", "join s", "rec/s incl. join", "answered"):
+        t.add_column(col, justify="right")
+    for r in rows:
+        t.add_row(str(r["concurrency"]), fmt(r["records_per_s"], 0), fmt(r["process_s"], 2), fmt(r["join_s"], 2),
+                  fmt(r["records_per_s_incl_join"], 0), f"{r['answered']:,}" + ("" if r["complete"] else " (incomplete)"))
+    return t
+
+
+async def main_async(rate: float, duration: float, warmup: float, records: int, concurrency: list[int],
+                     procs: bool, skip_latency: bool, skip_throughput: bool) -> dict[str, Any]:
+    out: dict[str, Any] = {"bench": "runtime", "host": {"cpus": os.cpu_count(), "python": platform.python_version()}}
+    with tempfile.TemporaryDirectory(prefix="llmpipe-bench-") as d:
+        tmp = Path(d)
+        broker = await EmbeddedBroker(tmp / "broker").start()
+        try:
+            if not skip_latency:
+                lat = await latency_bench(broker, tmp, rate, duration, warmup, procs)
+                out["latency"] = lat
+                console.print(latency_table(lat))
+            if not skip_throughput:
+                rows = []
+                for c in concurrency:
+                    rows.append(await throughput_one(broker, tmp, records, c, timeout_s=max(120.0, records / 50)))
+                out["throughput"] = rows
+                console.print(throughput_table(rows))
+        finally:
+            broker.stop()
+    return out
+
+
+app = typer.Typer(add_completion=False)
+
+
+@app.command()
+def main(
+    quick: bool = typer.Option(False, "--quick", help="5 s latency run, 5,000 records"),
+    rate: float = typer.Option(200.0, help="latency bench: requests per second"),
+    duration: float = typer.Option(None, help="latency bench: measured seconds (default 20, quick 5)"),
+    warmup: float = typer.Option(None, help="latency bench: paced warm-up seconds, discarded (default 3, quick 1)"),
+    records: int = typer.Option(None, help="throughput bench: records (default 20000, quick 5000)"),
+    concurrency: str = typer.Option("1,16,64", help="throughput bench: comma-separated runtime.concurrency values"),
+    procs: bool = typer.Option(False, "--procs", help="latency bench: run each stage worker as its own process"),
+    skip_latency: bool = typer.Option(False, "--skip-latency"),
+    skip_throughput: bool = typer.Option(False, "--skip-throughput"),
+) -> None:
+    """Per-hop latency and single-worker throughput on the embedded broker."""
+    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr)
+    logging.getLogger("aiokafka").setLevel(logging.WARNING)
+    duration = duration if duration is not None else (5.0 if quick else 20.0)
+    warmup = warmup if warmup is not None else (1.0 if quick else 3.0)
+    records = records if records is not None else (5_000 if quick else 20_000)
+    conc = [int(x) for x in concurrency.split(",") if x.strip()]
+    t0 = time.perf_counter()
+    result = asyncio.run(main_async(rate, duration, warmup, records, conc, procs, skip_latency, skip_throughput))
+    result["wall_s"] = round(time.perf_counter() - t0, 1)
+    console.print(f"wall time {result['wall_s']} s")
+    print(json.dumps(result, separators=(",", ":")))
+
+
+if __name__ == "__main__":
+    app()

@@ -1,0 +1,80 @@
+"""Pure runtime logic: ordered commits, watermark hysteresis, settings, topology keys."""
+
+from __future__ import annotations
+
+import pytest
+from aiokafka import TopicPartition
+from prometheus_client import CollectorRegistry
+
+from pipeline.contracts import RequestDoc
+from pipeline.runtime.flow import BoundedQueue
+from pipeline.runtime.metrics import StageMetrics
+from pipeline.runtime.offsets import OffsetTracker
+from pipeline.runtime.topology import Topology
+from pipeline.settings import RuntimeSettings, Settings, StageSpec
+
+TP = TopicPartition("t", 0)
+
+
+def test_commit_waits_for_the_slowest_earlier_record():
+    t = OffsetTracker()
+    t.reset(TP)
+    for off in (10, 11, 12, 13):
+        t.track(TP, off)
+    t.done(TP, 12)
+    t.done(TP, 13)
+    assert t.to_commit() == {}  # 10 and 11 still in flight
+    t.done(TP, 10)
+    assert t.to_commit() == {TP: 11}
+    t.mark_committed({TP: 11})
+    assert t.to_commit() == {}
+    t.done(TP, 11)
+    assert t.to_commit() == {TP: 14}
+
+
+def test_revoked_partition_forgets_its_offsets():
+    t = OffsetTracker()
+    t.reset(TP)
+    t.track(TP, 0)
+    t.forget(TP)
+    t.done(TP, 0)  # a late completion after revocation is ignored
+    assert t.to_commit() == {}
+
+
+@pytest.mark.asyncio
+async def test_queue_pauses_at_high_and_resumes_at_low_watermark():
+    m = StageMetrics("q", registry=CollectorRegistry())
+    q: BoundedQueue[int] = BoundedQueue(10, 0.8, 0.3, m)
+    for i in range(8):
+        q.put(i)
+    assert q.should_pause() and q.room() == 2
+    q.set_paused(True)
+    assert not await q.wait_below_low(0.01)
+    for _ in range(5):
+        await q.get()
+    assert await q.wait_below_low(0.01)  # 3 left = low watermark
+    assert m.queue_depth_peak._value.get() == 8
+
+
+def test_watermarks_must_be_ordered():
+    with pytest.raises(ValueError):
+        RuntimeSettings(high_watermark=0.3, low_watermark=0.5)
+
+
+def test_stage_runtime_overrides_are_validated():
+    s = Settings(stages=[StageSpec(name="a", runtime={"concurrency": 4})])
+    assert s.runtime_for(s.stage("a")).concurrency == 4
+    bad = Settings(stages=[StageSpec(name="a", runtime={"concurrency": 0})])
+    with pytest.raises(ValueError):
+        bad.runtime_for(bad.stage("a"))
+
+
+def test_keys_follow_the_registry_rule():
+    s = Settings(stages=[StageSpec(name=n) for n in ("route", "admit", "custom")])
+    topo = Topology(s)
+    doc = RequestDoc(request_id="r", tenant_id="t", device_id="d", body={"messages": [{"role": "user", "content": "x"}]})
+    assert topo.key_for("route", doc) == b"d"
+    assert topo.key_for("admit", doc) == b"t"
+    assert topo.key_for("route", doc.model_copy(update={"device_id": None})) == b"r"
+    assert "stage.custom" in topo.topic_registry()
+    assert topo.next_after("route") == "admit" and topo.next_after("custom") is None

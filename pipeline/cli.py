@@ -238,7 +238,7 @@ def worker(stage: Annotated[str, typer.Argument(help="stage name from the topolo
     s = _settings(data_dir, config, bootstrap)
     bs, _ = _stack_bootstrap(s)
     if s.metrics_port is not None:
-        port = serve_metrics(s.metrics_port)
+        port = serve_metrics(s.metrics_port, s.metrics_host)
         logging.getLogger(__name__).info("metrics on http://127.0.0.1:%d/metrics", port)
 
     async def run() -> None:

@@ -94,6 +94,7 @@ class Settings(BaseSettings):
     warehouse_dsn: str | None = None
     worker_id: str | None = None
     metrics_port: int | None = Field(None, description="Prometheus port; 0 = any free port")
+    metrics_host: str = Field("127.0.0.1", description="0.0.0.0 in containers, so Prometheus can scrape")
     admin_port: int = 0
     broker_port: int = 0
     stages: list[StageSpec] = Field(default_factory=list)

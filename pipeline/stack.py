@@ -23,7 +23,7 @@ from pathlib import Path
 import httpx
 
 from pipeline.runtime.broker import EmbeddedBroker, free_port
-from pipeline.runtime.launch import sink_worker, stage_worker
+from pipeline.runtime.launch import sink_worker, stage_worker, start_all
 from pipeline.runtime.metrics import serve_metrics
 from pipeline.runtime.topics import apply_topics
 from pipeline.runtime.topology import Topology
@@ -199,7 +199,7 @@ async def run_stack(settings: Settings, processes: bool = False) -> None:
         await asyncio.to_thread(warehouse.migrate)
         admin = await AdminServer(warehouse, admin_port).start()
         if settings.metrics_port is not None:
-            metrics_url = f"http://127.0.0.1:{serve_metrics(settings.metrics_port)}/metrics"
+            metrics_url = f"http://127.0.0.1:{serve_metrics(settings.metrics_port, settings.metrics_host)}/metrics"
         workers = [sink_worker(settings, bootstrap, warehouse)] + [
             stage_worker(settings, topology, s, bootstrap) for s in stages
         ]
@@ -233,8 +233,7 @@ async def _run_workers(workers, stop: asyncio.Event, ready: asyncio.Event) -> No
     ordered = workers[1:] + workers[:1]
     started = []
     try:
-        for w in workers:
-            started.append(await w.start())
+        started = await start_all(workers)
         ready.set()
         await stop.wait()
     finally:

@@ -48,7 +48,11 @@ def test_up_submit_sql_replay_down(stack, tmp_path):
         ans = last_json(r)
         assert ans["status"] == "ok" and ans["text"] == p.upper()
         assert set(ans["timings"]) == {"classify", "answer"}
-    boom = llmpipe("submit", "--prompt", "explode", "--json", data_dir=tmp_path)
+    secret = "sk-live-SECRET123"
+    pii = "call me at 010-9876-5432"
+    r = llmpipe("submit", "--prompt", pii, "--api-key", secret, "--json", data_dir=tmp_path)
+    assert r.returncode == 0, r.stderr
+    boom = llmpipe("submit", "--prompt", f"explode {pii}", "--api-key", secret, "--json", data_dir=tmp_path)
     assert boom.returncode == 2 and last_json(boom)["error_class"] == "test_explosion"
     assert "test_explosion" in boom.stderr.strip().splitlines()[-1]
 
@@ -61,12 +65,19 @@ def test_up_submit_sql_replay_down(stack, tmp_path):
     import time
 
     deadline = time.monotonic() + 60
-    while count() < 10 and time.monotonic() < deadline:  # 5 classify + 4 answered + 1 dlq
+    while count() < 12 and time.monotonic() < deadline:  # 6 classify + 5 answered + 1 dlq
         time.sleep(0.5)
-    assert count() == 10
+    assert count() == 12
+    # neither the API key nor the prompt text reaches the warehouse or the logs
+    for table in ("decisions", "requests", "dead_letters"):
+        dump = llmpipe("sql", f"SELECT * FROM {table}", "--format", "json", data_dir=tmp_path)
+        assert dump.returncode == 0 and dump.stdout.strip()
+        assert secret not in dump.stdout and "9876" not in dump.stdout, table
+    logs = "".join(p.read_text(errors="replace") for p in (tmp_path / "logs").glob("*.log"))
+    assert "explode" not in logs and secret not in logs and "9876" not in logs
     csv_out = llmpipe("sql", "SELECT stage, count() FROM decisions FINAL GROUP BY stage ORDER BY stage",
                       "--format", "csv", data_dir=tmp_path)
-    assert csv_out.stdout.splitlines()[1:] == ["answer,5", "classify,5"]
+    assert csv_out.stdout.splitlines()[1:] == ["answer,6", "classify,6"]
     refused = llmpipe("sql", "DROP TABLE decisions", data_dir=tmp_path)
     assert refused.returncode == 1 and "read-only" in refused.stderr
 
@@ -75,8 +86,8 @@ def test_up_submit_sql_replay_down(stack, tmp_path):
                   "--config", str(CONFIG), "--json", data_dir=tmp_path)
     assert rep.returncode == 0, rep.stderr
     diff = last_json(rep)
-    # threshold 20 -> 8: "a medium prompt" (15 chars) flips short -> long; "hi", "hello", "explode" stay short
-    assert diff["records"] == 5 and diff["compared"] == 5
+    # threshold 20 -> 8: "a medium prompt" (15 chars) flips short -> long; "hi", "hello" stay short
+    assert diff["records"] == 6 and diff["compared"] == 6
     assert diff["changes"] == {"classify": {"short -> long": 1}}
     assert diff["examples"][0]["after"] == "long"
     assert "short -> long" in rep.stdout
@@ -87,10 +98,10 @@ def test_up_submit_sql_replay_down(stack, tmp_path):
         return list(last_json(r)[0].values())
 
     deadline = time.monotonic() + 60
-    while shadow_rows()[0] < 5 and time.monotonic() < deadline:
+    while shadow_rows()[0] < 6 and time.monotonic() < deadline:
         time.sleep(0.5)
-    assert shadow_rows() == [5, 1, "classify-v2"]
-    assert count() == 10, "a shadow replay answers nobody and forwards nothing"
+    assert shadow_rows() == [6, 1, "classify-v2"]
+    assert count() == 12, "a shadow replay answers nobody and forwards nothing"
 
 
 def test_cli_errors_are_one_line(tmp_path):

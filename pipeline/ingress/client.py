@@ -13,6 +13,7 @@ import asyncio
 import logging
 import random
 import uuid
+from collections import OrderedDict
 from typing import Any
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
@@ -50,7 +51,9 @@ class Client:
         self.producer: AIOKafkaProducer | None = None
         self.consumer: AIOKafkaConsumer | None = None
         self._pending: dict[str, asyncio.Future[Response]] = {}
-        self._answered: set[str] = set()
+        # request_ids already answered, oldest first; bounded so a long-lived client stays small
+        self._answered: OrderedDict[str, None] = OrderedDict()
+        self.remember_answered = 100_000
         self.duplicates = 0
         self.unknown = 0
         self._reader: asyncio.Task | None = None
@@ -169,6 +172,8 @@ class Client:
         if fut is None:
             self.unknown += 1  # another caller's answer on a shared partition, or one we gave up on
             return
-        self._answered.add(rid)
+        self._answered[rid] = None
+        if len(self._answered) > self.remember_answered:
+            self._answered.popitem(last=False)
         if not fut.done():
             fut.set_result(resp)

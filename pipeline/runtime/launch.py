@@ -43,6 +43,19 @@ def sink_worker(settings: Settings, bootstrap: str, warehouse: Warehouse) -> Sta
                        runtime=runtime, worker_id=worker_id)
 
 
+async def start_all(workers: list[StageWorker]) -> list[StageWorker]:
+    """Start concurrently (each first group join waits out the broker's initial rebalance delay,
+    ~3 s on Tansu); if any fails, stop the ones that started and raise."""
+    results = await asyncio.gather(*(w.start() for w in workers), return_exceptions=True)
+    failures = [r for r in results if isinstance(r, BaseException)]
+    if failures:
+        for w, r in zip(workers, results):
+            if not isinstance(r, BaseException):
+                await w.stop(drain=False)
+        raise failures[0]
+    return workers
+
+
 async def run_until_signalled(workers: list[StageWorker], stop: asyncio.Event | None = None) -> None:
     """Start workers, wait for SIGTERM/SIGINT (or `stop`), then drain and stop them in order."""
     stop = stop or asyncio.Event()
@@ -51,8 +64,7 @@ async def run_until_signalled(workers: list[StageWorker], stop: asyncio.Event | 
         loop.add_signal_handler(sig, stop.set)
     started: list[StageWorker] = []
     try:
-        for w in workers:
-            started.append(await w.start())
+        started = await start_all(workers)
         await stop.wait()
     finally:
         log.info("draining %d workers", len(started))

@@ -90,7 +90,7 @@ class StageMetrics:
         self.f.lag.labels(self.stage, str(partition)).set(value)
 
 
-def serve_metrics(port: int) -> int:
-    """Expose the process registry over HTTP on 127.0.0.1:port (0 = any free port); returns the port."""
-    server, _thread = start_http_server(port, addr="127.0.0.1")
+def serve_metrics(port: int, host: str = "127.0.0.1") -> int:
+    """Expose the process registry over HTTP on host:port (0 = any free port); returns the port."""
+    server, _thread = start_http_server(port, addr=host)
     return server.server_address[1]

@@ -27,7 +27,7 @@ from pipeline.contracts import Evidence, ReplyTo, RequestDoc, Response, StageTim
 from pipeline.contracts.response import StageTimes
 from pipeline.runtime.codec import decode, encode, header_map, request_headers
 from pipeline.runtime.dlq import dead_letter
-from pipeline.runtime.errors import DecodeError, StageError, TopologyError
+from pipeline.runtime.errors import DecodeError, TopologyError
 from pipeline.runtime.handler import Item
 from pipeline.runtime.metrics import StageMetrics
 from pipeline.runtime.outputs import Outputs
@@ -228,9 +228,14 @@ class StageHandler:
     async def _failed(self, out: Outputs, w: _Work, exc: BaseException) -> None:
         error_class = getattr(exc, "error_class", "processing_failed")
         attempts = self.max_attempts if getattr(exc, "retryable", True) else 1
-        # The exception text may quote the input: evidence and answers carry the class only.
-        log.warning("stage %s: request %s failed after %d attempts: %s", self.name, w.doc.request_id, attempts,
-                    type(exc).__name__, exc_info=not isinstance(exc, StageError))
+        # The exception text may quote the input (PII): logs, evidence and answers carry the class
+        # and the raising code location only; the full text stays with the record in the DLQ.
+        tb = exc.__traceback__
+        while tb is not None and tb.tb_next is not None:
+            tb = tb.tb_next
+        where = f"{tb.tb_frame.f_code.co_filename}:{tb.tb_lineno}" if tb is not None else "?"
+        log.warning("stage %s: request %s failed after %d attempts: %s at %s", self.name, w.doc.request_id,
+                    attempts, type(exc).__name__, where)
         await self._poison(out, w.item, error_class, f"{type(exc).__name__}: {exc}", attempts=attempts, doc=w.doc)
 
     async def _poison(self, out: Outputs, it: Item, error_class: str, error: str, *, attempts: int,

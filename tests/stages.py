@@ -64,3 +64,17 @@ class Record(Stage):
     async def process(self, doc: RequestDoc) -> Outcome:
         resp = Response(request_id=doc.request_id, status=Status.ok, text=str(os.getpid()), answered_by=self.name)
         return Outcome.answer(doc, resp, self.evidence(doc, "recorded"))
+
+
+class BatchLength(Stage):
+    """A micro-batching stage (like embeddings): records the size of the batch each record rode in."""
+
+    max_batch = 16
+    max_wait_ms = 50
+
+    async def process_batch(self, docs: list[RequestDoc]) -> list[Outcome | BaseException]:
+        out: list[Outcome | BaseException] = []
+        for doc in docs:
+            resp = Response(request_id=doc.request_id, status=Status.ok, text=str(len(docs)), answered_by=self.name)
+            out.append(Outcome.answer(doc, resp, self.evidence(doc, "batched", scores={"batch_size": float(len(docs))})))
+        return out

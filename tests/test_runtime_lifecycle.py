@@ -1,0 +1,111 @@
+"""Lifecycles: the broker command, topics apply, micro-batching, graceful drain on SIGTERM."""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+import socket
+import subprocess
+import sys
+
+import orjson
+import pytest
+from aiokafka import AIOKafkaConsumer
+
+from pipeline.contracts import Evidence
+from pipeline.ingress import Client
+from pipeline.runtime.codec import decode
+from pipeline.runtime.launch import stage_worker
+from pipeline.runtime.topics import TopicNames, load_registry
+from pipeline.runtime.topology import Topology
+from tests.conftest import ROOT, Proc, create_topics, read_topic, settings_for, wait_until
+from tests.test_runtime_scale import publish
+
+pytestmark = [pytest.mark.integration, pytest.mark.asyncio(loop_scope="session")]
+
+
+def llmpipe(*args: str, **kw) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "pipeline.cli", *args], cwd=ROOT, capture_output=True, text=True,
+                          timeout=120, **kw)
+
+
+async def test_broker_command_and_idempotent_topics_apply(tmp_path):
+    proc = subprocess.Popen([sys.executable, "-m", "pipeline.cli", "broker", "--json", "--data-dir", str(tmp_path)],
+                            cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        line = await asyncio.to_thread(proc.stdout.readline)
+        info = orjson.loads(line)
+        bootstrap = info["bootstrap"]
+        assert bootstrap.startswith("127.0.0.1:")
+        assert (tmp_path / "logs" / "broker.log").exists()
+        first = llmpipe("topics", "apply", "--bootstrap", bootstrap, "--json")
+        assert first.returncode == 0, first.stderr
+        created = orjson.loads(first.stdout.splitlines()[-1])
+        registry = load_registry()
+        assert len(created["created"]) == len(registry) and created["existing"] == []
+        second = orjson.loads(llmpipe("topics", "apply", "--bootstrap", bootstrap, "--json").stdout.splitlines()[-1])
+        assert second["created"] == [] and len(second["existing"]) == len(registry)
+        c = AIOKafkaConsumer(bootstrap_servers=bootstrap)
+        await c.start()
+        await asyncio.sleep(0)
+        try:
+            await c.topics()
+            for spec in registry.values():
+                assert len(c.partitions_for_topic("llmpipe." + spec.name) or ()) == spec.partitions, spec.name
+        finally:
+            await c.stop()
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(30) == 0
+    host, port = bootstrap.split(":")
+    with socket.socket() as s:  # the broker process is gone with it
+        assert s.connect_ex((host, int(port))) != 0
+
+
+async def test_micro_batching_fills_batches_up_to_the_declared_size(broker, prefix, tmp_path):
+    s = settings_for(tmp_path, prefix, broker.bootstrap, [{"name": "batch", "class": "tests.stages:BatchLength"}])
+    await create_topics(s)
+    async with Client(broker.bootstrap, topic_prefix=prefix) as client:
+        docs = [client.build(f"b{i}") for i in range(200)]
+        await publish(broker.bootstrap, TopicNames(prefix).requests, docs)  # queued before the worker starts
+        futs = [client._pending.setdefault(d.request_id, asyncio.get_running_loop().create_future()) for d in docs]
+        async with stage_worker(s, Topology(s), "batch", broker.bootstrap):
+            answers = await asyncio.gather(*(client.wait(d.request_id, f, 60) for d, f in zip(docs, futs)))
+    sizes = [int(a.text) for a in answers]
+    assert max(sizes) == 16, "batches fill up to max_batch when records are waiting"
+    assert all(1 <= n <= 16 for n in sizes)
+
+
+async def test_sigterm_drains_in_flight_work_and_commits(broker, prefix, tmp_path):
+    s = settings_for(tmp_path, prefix, broker.bootstrap,
+                     [{"name": "slow", "class": "tests.stages:Sleep", "policy": {"sleep_ms": 20}}])
+    await create_topics(s)
+    names = TopicNames(prefix)
+    async with Client(broker.bootstrap, topic_prefix=prefix) as client:
+        docs = [client.build(f"d{i}", timeout_s=600) for i in range(300)]
+    await publish(broker.bootstrap, names.requests, docs)
+    env = {"LLMPIPE_RUNTIME__CONCURRENCY": "4", "LLMPIPE_RUNTIME__QUEUE_BOUND": "50"}
+    first = Proc("slow", s, tmp_path / "first.log", env=env)
+
+    async def evidence_count() -> int:
+        return len(await read_topic(broker.bootstrap, names.evidence, 10**9, timeout=1.0))
+
+    await wait_until(lambda: evidence_count(), 60, "first worker processing", interval=0.5)
+    first.proc.send_signal(signal.SIGTERM)
+    assert await asyncio.to_thread(first.proc.wait, 60) == 0, first.tail()
+    done_by_first = await evidence_count()
+    assert 0 < done_by_first < 300, "SIGTERM arrived mid-stream"
+    second = Proc("slow", s, tmp_path / "second.log", env=env)
+    try:
+        await wait_until(lambda: _at_least(evidence_count, 300), 120, "the rest processed by a new worker", interval=0.5)
+        await asyncio.sleep(1.0)
+        rows = [decode(r.value, Evidence) for r in await read_topic(broker.bootstrap, names.evidence, 10**9, timeout=2.0)]
+    finally:
+        second.stop()
+    ids = [e.request_id for e in rows]
+    assert len(set(ids)) == 300
+    assert len(ids) == 300, f"{len(ids) - 300} records were processed twice: the drain did not commit"
+
+
+async def _at_least(fn, n: int) -> bool:
+    return (await fn()) >= n

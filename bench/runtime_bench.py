@@ -2,11 +2,12 @@
 
     .venv/bin/python bench/runtime_bench.py            # full: 20 s latency run, 20,000 records
     .venv/bin/python bench/runtime_bench.py --quick    # 5 s, 5,000 records
-    .venv/bin/python bench/runtime_bench.py --procs    # latency: stage workers as subprocesses
+    .venv/bin/python bench/runtime_bench.py --workers procs   # latency: subprocess workers only
 
 1. latency: h1,h2,h3 (tests.stages:Relay) -> h4 (tests.stages:Answer), paced at --rate req/s.
    Per hop: Response.timings[stage].queue_ms (input record timestamp -> processing start:
-   produce + broker + fetch + queue wait). Also client end-to-end and service_ms.
+   produce + broker + fetch + queue wait). Also client end-to-end and service_ms. Run twice by
+   default: each stage worker its own process (as deployed), and all four in this process.
 2. throughput: N records pre-published to a 1-stage topology's input (tests.stages:Answer),
    then one worker is started; records/s = N / (first partition assigned -> N-th answer acked
    on `responses`), once per --concurrency value.
@@ -66,6 +67,30 @@ def pct(values: list[float], q: float) -> float | None:
     lo = int(pos)
     hi = min(lo + 1, len(s) - 1)
     return round(s[lo] + (s[hi] - s[lo]) * (pos - lo), 2)
+
+
+class CpuWindow:
+    """Host CPU busy% and steal% over a phase (/proc/stat): a noisy neighbour shows as steal."""
+
+    def __init__(self) -> None:
+        self.start = self._read()
+
+    @staticmethod
+    def _read() -> list[int] | None:
+        try:
+            with open("/proc/stat") as f:
+                return [int(x) for x in f.readline().split()[1:]]
+        except (OSError, ValueError):
+            return None
+
+    def result(self) -> dict[str, float | None]:
+        end = self._read()
+        if not self.start or not end:
+            return {"busy_pct": None, "steal_pct": None}
+        d = [b - a for a, b in zip(self.start, end)]
+        total = sum(d[:8]) or 1  # user nice system idle iowait irq softirq steal
+        idle = d[3] + d[4]
+        return {"busy_pct": round(100 * (total - idle) / total, 1), "steal_pct": round(100 * d[7] / total, 1)}
 
 
 def fmt(v: float | None, nd: int = 1) -> str:
@@ -131,7 +156,9 @@ async def latency_bench(broker: EmbeddedBroker, tmp: Path, rate: float, duration
             ready_s = time.perf_counter() - t_ready
             if warmup_s > 0:
                 await paced(client, rate, warmup_s)  # discarded
+            cpu = CpuWindow()
             samples, sent, achieved_rps, timeouts = await paced(client, rate, duration_s)
+            cpu_use = cpu.result()
         hop_q = {h: [t[h]["queue_ms"] for t in samples if h in t] for h in HOPS}
         hop_s = {h: [t[h]["service_ms"] for t in samples if h in t] for h in HOPS}
         e2e = [t["_e2e_ms"] for t in samples]
@@ -144,9 +171,9 @@ async def latency_bench(broker: EmbeddedBroker, tmp: Path, rate: float, duration
                        "ratio_p50_to_5ms": None if p50 is None else round(p50 / HOP_TARGET_MS, 2)}
         sum_p50 = [sum(t[h]["queue_ms"] for h in HOPS) for t in samples if all(h in t for h in HOPS)]
         return {
-            "workers": "subprocess" if procs else "in-process", "rate_target": rate, "rate_achieved": round(achieved_rps, 1),
+            "workers": "procs" if procs else "inproc", "rate_target": rate, "rate_achieved": round(achieved_rps, 1),
             "duration_s": duration_s, "warmup_s": warmup_s, "sent": sent, "answered": len(samples),
-            "timeouts": timeouts, "ready_s": round(ready_s, 2), "hops": hops,
+            "timeouts": timeouts, "ready_s": round(ready_s, 2), "host_cpu": cpu_use, "hops": hops,
             "all_hops_p50_ms": pct([v for h in HOPS for v in hop_q[h]], 50),
             "sum_of_hops_p50_ms": pct(sum_p50, 50),
             "e2e_p50_ms": pct(e2e, 50), "e2e_p95_ms": pct(e2e, 95), "e2e_p99_ms": pct(e2e, 99),
@@ -232,79 +259,103 @@ async def throughput_one(broker: EmbeddedBroker, tmp: Path, n: int, concurrency:
     publish_s = time.perf_counter() - t_pub
     del docs
 
-    watcher = AIOKafkaConsumer(bootstrap_servers=broker.bootstrap, enable_auto_commit=False, group_id=None)
+    # Count answers by reading `responses` (distinct keys): the embedded broker's end offsets
+    # (ListOffsets latest) lag behind the records actually readable under concurrent produce.
+    watcher = AIOKafkaConsumer(bootstrap_servers=broker.bootstrap, enable_auto_commit=False, group_id=None,
+                               auto_offset_reset="earliest", fetch_max_wait_ms=20)
     await watcher.start()
     n_parts = Topology(s).topic_registry()["responses"].partitions
-    tps = [TopicPartition(names.responses, p) for p in range(n_parts)]
-
-    async def answered() -> int:
-        return sum((await watcher.end_offsets(tps)).values())
+    watcher.assign([TopicPartition(names.responses, p) for p in range(n_parts)])
+    seen: set[bytes] = set()
 
     worker = stage_worker(s, Topology(s), stage, broker.bootstrap)
     t_start = time.perf_counter()
     t_assigned = None
-    done = 0
+    t_done = None
+    t_half = None
+    cpu = CpuWindow()
     try:
         await worker.start()
         deadline = t_start + timeout_s
         while time.perf_counter() < deadline:
-            if t_assigned is None and worker._generation:  # first partitions assigned: records start flowing
-                t_assigned = time.perf_counter()
-            if t_assigned is not None:
-                done = await answered()
-                if done >= n:
-                    break
-            await asyncio.sleep(0.005 if t_assigned is None else 0.02)
+            if t_assigned is None:
+                if worker.consumer is not None and worker.consumer.assignment():  # records start flowing
+                    t_assigned = time.perf_counter()
+                    cpu = CpuWindow()
+                else:
+                    await asyncio.sleep(0.005)
+                    continue
+            for recs in (await watcher.getmany(timeout_ms=50)).values():
+                seen.update(r.key for r in recs)
+            if t_half is None and len(seen) >= n // 2:
+                t_half = time.perf_counter()
+            if len(seen) >= n:
+                break
         t_done = time.perf_counter()
     finally:
         await worker.stop()
         await watcher.stop()
+    done = len(seen)
+    cpu_use = cpu.result()
     t_assigned = t_assigned or t_done
     span = t_done - t_assigned
     return {"concurrency": concurrency, "records": n, "answered": done, "complete": done >= n,
             "publish_s": round(publish_s, 2), "join_s": round(t_assigned - t_start, 2), "process_s": round(span, 2),
             "records_per_s": round(done / span, 1) if span > 0 else None,
-            "records_per_s_incl_join": round(done / (t_done - t_start), 1)}
+            "records_per_s_incl_join": round(done / (t_done - t_start), 1),
+            # a falling second half means the worker (or the in-memory broker) slows as topics grow
+            "records_per_s_1st_half": round((n // 2) / (t_half - t_assigned), 1) if t_half and t_half > t_assigned else None,
+            "records_per_s_2nd_half": round((done - n // 2) / (t_done - t_half), 1) if t_half and t_done > t_half else None,
+            "host_cpu": cpu_use}
 
 
 # ---- report ----------------------------------------------------------------------------------
 
 
-def latency_table(r: dict[str, Any]) -> Table:
-    t = Table(title=f"Per-hop latency: 4-stage chain, {r['rate_achieved']}/{r['rate_target']:.0f} req/s for "
-                    f"{r['duration_s']:.0f} s, {r['answered']}/{r['sent']} answered, workers {r['workers']}")
-    for col in ("hop", "stage", "queue p50 ms", "queue p95 ms", "queue p99 ms", "service p50 ms", "p50 / 5 ms"):
-        t.add_column(col, justify="left" if col in ("hop", "stage") else "right")
-    for h, v in r["hops"].items():
-        t.add_row(h, v["stage"], fmt(v["queue_p50_ms"]), fmt(v["queue_p95_ms"]), fmt(v["queue_p99_ms"]),
-                  fmt(v["service_p50_ms"]), fmt(v["ratio_p50_to_5ms"], 2))
-    t.add_row("all hops", "", fmt(r["all_hops_p50_ms"]), "", "", "",
-              fmt(None if r["all_hops_p50_ms"] is None else r["all_hops_p50_ms"] / HOP_TARGET_MS, 2))
-    t.add_row("end-to-end", "client", fmt(r["e2e_p50_ms"]), fmt(r["e2e_p95_ms"]), fmt(r["e2e_p99_ms"]), "", "")
+def latency_table(runs: list[dict[str, Any]]) -> Table:
+    r0 = runs[0]
+    t = Table(title=f"Per-hop latency, 4-stage chain h1-h3 Relay -> h4 Answer, {r0['rate_target']:.0f} req/s x "
+                    f"{r0['duration_s']:.0f} s (queue_ms = record ts -> processing start)")
+    t.caption = "; ".join(f"{r['workers']}: sent {r['rate_achieved']:.1f}/s, {r['timeouts']} timeouts, host cpu "
+                          f"{fmt(r['host_cpu']['busy_pct'], 0)}% steal {fmt(r['host_cpu']['steal_pct'], 0)}%" for r in runs)
+    for col in ("workers", "hop", "p50 ms", "p95 ms", "p99 ms", "svc p50", "p50/5ms"):
+        t.add_column(col, justify="left" if col in ("workers", "hop") else "right")
+    for r in runs:
+        mode = r["workers"]
+        for h, v in r["hops"].items():
+            t.add_row(mode, h, fmt(v["queue_p50_ms"]), fmt(v["queue_p95_ms"]), fmt(v["queue_p99_ms"]),
+                      fmt(v["service_p50_ms"]), fmt(v["ratio_p50_to_5ms"], 2))
+            mode = ""
+        t.add_row(f"{r['answered']}/{r['sent']} ok", "e2e", fmt(r["e2e_p50_ms"]), fmt(r["e2e_p95_ms"]), fmt(r["e2e_p99_ms"]), "", "",
+                  end_section=True)
     return t
 
 
 def throughput_table(rows: list[dict[str, Any]]) -> Table:
     t = Table(title=f"One worker (tests.stages:Answer), {rows[0]['records']:,} pre-published records")
-    for col in ("concurrency", "records/s", "process s", "join s", "rec/s incl. join", "answered"):
+    for col in ("concurrency", "records/s", "proc s", "join s", "w/ join/s", "answered", "cpu/steal%"):
         t.add_column(col, justify="right")
     for r in rows:
         t.add_row(str(r["concurrency"]), fmt(r["records_per_s"], 0), fmt(r["process_s"], 2), fmt(r["join_s"], 2),
-                  fmt(r["records_per_s_incl_join"], 0), f"{r['answered']:,}" + ("" if r["complete"] else " (incomplete)"))
+                  fmt(r["records_per_s_incl_join"], 0), f"{r['answered']:,}" + ("" if r["complete"] else " (incomplete)"),
+                  f"{fmt(r['host_cpu']['busy_pct'], 0)}/{fmt(r['host_cpu']['steal_pct'], 0)}")
     return t
 
 
 async def main_async(rate: float, duration: float, warmup: float, records: int, concurrency: list[int],
-                     procs: bool, skip_latency: bool, skip_throughput: bool) -> dict[str, Any]:
+                     modes: list[str], skip_throughput: bool) -> dict[str, Any]:
     out: dict[str, Any] = {"bench": "runtime", "host": {"cpus": os.cpu_count(), "python": platform.python_version()}}
     with tempfile.TemporaryDirectory(prefix="llmpipe-bench-") as d:
         tmp = Path(d)
+        kafka_log = logging.getLogger("aiokafka")
+        kafka_log.setLevel(logging.CRITICAL)  # the readiness probe's refused connects are expected
         broker = await EmbeddedBroker(tmp / "broker").start()
+        kafka_log.setLevel(logging.WARNING)
         try:
-            if not skip_latency:
-                lat = await latency_bench(broker, tmp, rate, duration, warmup, procs)
-                out["latency"] = lat
-                console.print(latency_table(lat))
+            if modes:
+                runs = [await latency_bench(broker, tmp, rate, duration, warmup, m == "procs") for m in modes]
+                out["latency"] = runs
+                console.print(latency_table(runs))
             if not skip_throughput:
                 rows = []
                 for c in concurrency:
@@ -327,8 +378,8 @@ def main(
     warmup: float = typer.Option(None, help="latency bench: paced warm-up seconds, discarded (default 3, quick 1)"),
     records: int = typer.Option(None, help="throughput bench: records (default 20000, quick 5000)"),
     concurrency: str = typer.Option("1,16,64", help="throughput bench: comma-separated runtime.concurrency values"),
-    procs: bool = typer.Option(False, "--procs", help="latency bench: run each stage worker as its own process"),
-    skip_latency: bool = typer.Option(False, "--skip-latency"),
+    workers: str = typer.Option("procs,inproc", help="latency bench: comma-separated modes, `procs` (one process "
+                                "per stage worker) and/or `inproc` (all in this process); empty = skip"),
     skip_throughput: bool = typer.Option(False, "--skip-throughput"),
 ) -> None:
     """Per-hop latency and single-worker throughput on the embedded broker."""
@@ -339,7 +390,10 @@ def main(
     records = records if records is not None else (5_000 if quick else 20_000)
     conc = [int(x) for x in concurrency.split(",") if x.strip()]
     t0 = time.perf_counter()
-    result = asyncio.run(main_async(rate, duration, warmup, records, conc, procs, skip_latency, skip_throughput))
+    modes = [m.strip() for m in workers.split(",") if m.strip()]
+    if any(m not in ("procs", "inproc") for m in modes):
+        raise typer.BadParameter("modes are `procs` and `inproc`", param_hint="--workers")
+    result = asyncio.run(main_async(rate, duration, warmup, records, conc, modes, skip_throughput))
     result["wall_s"] = round(time.perf_counter() - t0, 1)
     console.print(f"wall time {result['wall_s']} s")
     print(json.dumps(result, separators=(",", ":")))

@@ -68,10 +68,16 @@ async def test_kill_9_of_a_worker_loses_no_request_and_no_evidence(broker, prefi
         async with Client(broker.bootstrap, topic_prefix=prefix) as client:
             docs = [client.build(f"request number {i} " + "x" * (i % 30), timeout_s=300) for i in range(2000)]
             futs = {}
-            for i, d in enumerate(docs):
+            for d in docs[:100]:  # a paced warm-up until the doomed worker is working
                 futs[d.request_id] = await client.submit(d)
-                if i == 600:
-                    workers["answer0"].kill9()  # mid-stream, with requests in flight in both stages
+                await asyncio.sleep(0.01)
+            await wait_until(lambda: sink.scalar("SELECT count() FROM decisions WHERE worker = 'answer0'") > 0,
+                             60, "the doomed worker to be working")
+            burst = await client.submit_many(docs[100:])  # 1,900 in flight at once
+            futs.update({d.request_id: f for d, f in zip(docs[100:], burst)})
+            await asyncio.sleep(0.05)
+            in_flight = sum(not f.done() for f in futs.values())
+            workers["answer0"].kill9()
             answers = await asyncio.gather(*(client.wait(rid, f, 300) for rid, f in futs.items()))
             await asyncio.sleep(1)
             duplicates = client.duplicates
@@ -81,8 +87,12 @@ async def test_kill_9_of_a_worker_loses_no_request_and_no_evidence(broker, prefi
                          120, "evidence of both stages for all requests")
         per_stage = dict(sink.query("SELECT stage, uniqExact(request_id) FROM decisions FINAL GROUP BY stage"))
         assert per_stage == {"classify": 2000, "answer": 2000}
+        by_worker = dict(sink.query("SELECT worker, count() FROM decisions FINAL WHERE stage = 'answer' GROUP BY worker"))
+        assert by_worker.get("answer0", 0) > 0, "the killed worker owned partitions and was working"
+        assert by_worker.get("answer1", 0) > by_worker.get("answer0", 0), "its partitions moved to the survivor"
         # duplicates are allowed (at-least-once) but every one is dropped by the client
-        print(f"duplicates dropped by the client: {duplicates}")
+        print(f"killed with {in_flight} requests in flight; duplicates dropped by the client: {duplicates}")
+        assert in_flight > 0
     finally:
         for w in workers.values():
             w.stop()

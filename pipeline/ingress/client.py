@@ -132,6 +132,21 @@ class Client:
         await self.producer.send_and_wait(self.entry_topic, encode(doc), key=doc.request_id.encode(), headers=headers)
         return fut
 
+    async def submit_many(self, docs: list[RequestDoc]) -> list[asyncio.Future[Response]]:
+        """Publish a burst: every send is in flight at once; returns once the broker acked them all."""
+        assert self.producer is not None, "start() the client first"
+        futs, acks = [], []
+        for doc in docs:
+            fut = self._pending.get(doc.request_id)
+            if fut is None:
+                fut = self._pending[doc.request_id] = asyncio.get_running_loop().create_future()
+            futs.append(fut)
+            headers = request_headers(doc.request_id, doc.tenant_id, doc.deadline_ms, doc.attempt, doc.traceparent)
+            acks.append(await self.producer.send(self.entry_topic, encode(doc), key=doc.request_id.encode(),
+                                                 headers=headers))
+        await asyncio.gather(*acks)
+        return futs
+
     async def request(self, doc: RequestDoc, timeout_s: float | None = None) -> Response:
         fut = await self.submit(doc)
         return await self.wait(doc.request_id, fut, timeout_s)

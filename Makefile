@@ -8,7 +8,7 @@ LLMPIPE := $(VENV)/bin/llmpipe
 # Re-install when pyproject.toml changes.
 STAMP := $(VENV)/.installed-$(shell sha1sum pyproject.toml | cut -c1-12)
 DEMO_DIR ?= .llmpipe/demo
-DEMO_CONFIG ?= tests/fixtures/two_stage.yaml
+DEMO_CONFIG ?= examples/demo.yaml
 
 .PHONY: install test demo schemas bench deploy-tools clean
 
@@ -32,9 +32,11 @@ deploy-tools:
 test: install deploy-tools
 	OMP_NUM_THREADS=1 $(PY) -m pytest -q -p no:cacheprovider
 
-# Until the product stages land, the demo runs the runtime's test topology (tests/fixtures).
+# Until every product stage lands, test stages stand in for the missing ones (examples/demo.yaml).
 demo: install
 	@$(LLMPIPE) down --data-dir $(DEMO_DIR) >/dev/null 2>&1 || true
+	@# a fresh warehouse each run, so the summary shows this run only
+	@rm -rf $(DEMO_DIR)
 	$(LLMPIPE) up --detach --data-dir $(DEMO_DIR) --config $(DEMO_CONFIG)
 	@trap '$(LLMPIPE) down --data-dir $(DEMO_DIR)' EXIT; \
 	  $(LLMPIPE) load --file examples/traffic.jsonl --rate 50 --data-dir $(DEMO_DIR) && \

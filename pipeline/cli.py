@@ -88,6 +88,7 @@ def _settings(data_dir: Path, config: Path | None, bootstrap: str | None = None,
     logging.basicConfig(level=s.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr)
     logging.getLogger("aiokafka").setLevel(logging.WARNING)
     logging.getLogger("httpx").setLevel(logging.WARNING)
+    logging.getLogger("presidio-analyzer").setLevel(logging.WARNING)
     return s
 
 
@@ -405,6 +406,31 @@ def load(file: Annotated[Path, typer.Option("--file", exists=True, dir_okay=Fals
     if not json:
         out.print(f"sent {doc['sent']}: {doc['by_status']} latency {doc['latency_ms']}")
     _print_json(doc)
+
+
+@app.command()
+@command
+def mask(text: Annotated[str, typer.Option("--text", help="a sample to mask")],
+         tenant: Annotated[Optional[str], typer.Option("--tenant", help="apply this tenant's overrides")] = None,
+         data_dir: DataDir = Path(".llmpipe"), config: ConfigFile = None, bootstrap: Bootstrap = None,
+         json: Json = False) -> None:
+    """Mask a sample with the configured policy: the masked text and entity types (never the mapping)."""
+    from pipeline.stages.mask import MaskStagePolicy
+
+    s = _settings(data_dir, config, bootstrap)
+    spec = next((st for st in s.stages if st.name == "mask"), None)
+    policy = MaskStagePolicy.model_validate(spec.policy if spec else {})
+    from pipeline.stages.masker import Masker
+
+    masker = Masker(policy.for_tenant(tenant))
+    result = masker.mask([text])
+    doc = {"masked_text": result.texts[0], "entities": dict(result.counts), "policy_version": policy.version,
+           "engine_revision": masker.revision}
+    if json:
+        _print_json(doc)
+    else:
+        out.print(result.texts[0], markup=False, highlight=False)
+        out.print(", ".join(f"{k}: {v}" for k, v in sorted(result.counts.items())) or "no entities found")
 
 
 # ---- engineers ---------------------------------------------------------------------------------

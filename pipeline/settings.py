@@ -6,7 +6,7 @@ import os
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, Field, model_validator
+from pydantic import BaseModel, Field, SecretStr, model_validator
 from pydantic_settings import (
     BaseSettings,
     PydanticBaseSettingsSource,
@@ -69,6 +69,14 @@ class SinkSettings(BaseModel):
     flush_interval_ms: int = 500
 
 
+class SecretSettings(BaseModel):
+    """Secrets come from the environment or a secret-mounted file, never from logs or topics."""
+
+    # key id -> base64 of 32 random bytes; unset: a local key is generated in DATA_DIR/secrets
+    mask_keys: dict[str, SecretStr] = Field(default_factory=dict)
+    mask_active_key: str | None = None
+
+
 class StageSpec(BaseModel):
     """One stage group of the topology: a name and the class that implements it."""
 
@@ -102,6 +110,7 @@ class Settings(BaseSettings):
     producer: ProducerSettings = ProducerSettings()
     runtime: RuntimeSettings = RuntimeSettings()
     sink: SinkSettings = SinkSettings()
+    secrets: SecretSettings = SecretSettings()
     log_level: str = "INFO"
 
     @classmethod

@@ -48,6 +48,17 @@ class Section(BaseModel):
     reason: str | None = None
 
 
+class MaskingSection(WireModel):
+    """Filled by mask. Entity texts never appear here: only counts, and the sealed restore mapping."""
+
+    decision: Literal["masked", "clean"]
+    reason: str
+    entity_counts: dict[str, int] = Field(default_factory=dict)
+    policy_version: str
+    engine_revision: str
+    restore_token: str | None = Field(None, description="AES-GCM sealed placeholder->original map; postprocess only")
+
+
 class StageTiming(WireModel):
     stage: str
     enqueued_ms: int = Field(description="record timestamp of the input record")
@@ -74,7 +85,7 @@ class RequestDoc(WireModel):
     reply_to: ReplyTo | None = None
     body: ChatBody
     # stage sections, in pipeline order
-    masking: Section | None = None
+    masking: MaskingSection | None = None
     cache: Section | None = None
     route: Section | None = None
     admission: Section | None = None

@@ -15,7 +15,9 @@ from pipeline.runtime.topics import TopicSpec, load_registry
 from pipeline.settings import Settings, StageSpec
 
 # Product stages, in pipeline order. A stage is listed here once its module exists.
-PRODUCT_STAGES: dict[str, str] = {}
+PRODUCT_STAGES: dict[str, str] = {
+    "mask": "pipeline.stages.mask:MaskStage",
+}
 
 
 def import_object(path: str) -> object:

@@ -1,0 +1,1 @@
+"""Model engines behind small interfaces: text embeddings (and, later, LLM and vision engines)."""

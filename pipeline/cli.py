@@ -30,6 +30,8 @@ from pipeline.settings import Settings, load_settings
 app = typer.Typer(add_completion=False, no_args_is_help=True, help=__doc__.split("\n")[0])
 topics_app = typer.Typer(no_args_is_help=True, help="Topic registry (topics/topics.yaml).")
 app.add_typer(topics_app, name="topics")
+cache_app = typer.Typer(no_args_is_help=True, help="Semantic cache operations.")
+app.add_typer(cache_app, name="cache")
 out = Console()
 err = Console(stderr=True)
 
@@ -431,6 +433,95 @@ def mask(text: Annotated[str, typer.Option("--text", help="a sample to mask")],
     else:
         out.print(result.texts[0], markup=False, highlight=False)
         out.print(", ".join(f"{k}: {v}" for k, v in sorted(result.counts.items())) or "no entities found")
+
+
+def parse_duration_ms(text: str) -> int:
+    import re
+
+    m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d)\s*", text)
+    if not m:
+        raise CliError(f"expected a duration like 90s, 30m, 2h or 7d, got {text!r}")
+    return int(float(m.group(1)) * {"ms": 1, "s": 1000, "m": 60_000, "h": 3_600_000, "d": 86_400_000}[m.group(2)])
+
+
+@cache_app.command("invalidate")
+@command
+def cache_invalidate(tenant: Annotated[str, typer.Option("--tenant")],
+                     model_revision: Annotated[Optional[str], typer.Option("--model-revision")] = None,
+                     prompt_revision: Annotated[Optional[str], typer.Option("--prompt-revision")] = None,
+                     data_version: Annotated[Optional[str], typer.Option("--data-version")] = None,
+                     older_than: Annotated[Optional[str], typer.Option("--older-than", help="e.g. 30m, 2h, 7d")] = None,
+                     data_dir: DataDir = Path(".llmpipe"), config: ConfigFile = None, bootstrap: Bootstrap = None,
+                     json: Json = False) -> None:
+    """Invalidate a tenant's cache entries (narrowed by revision/version/age) on every cache worker."""
+    import time
+
+    from pipeline.contracts import CacheInvalidate
+    from pipeline.runtime.codec import encode
+    from pipeline.runtime.topics import TopicNames
+
+    s = _settings(data_dir, config, bootstrap)
+    bs, prefix = _stack_bootstrap(s)
+    now = int(time.time() * 1000)
+    record = CacheInvalidate(tenant=tenant, model_revision=model_revision, prompt_revision=prompt_revision,
+                             data_version=data_version, before_ms=now - (parse_duration_ms(older_than) if older_than else 0))
+
+    async def run() -> None:
+        from aiokafka import AIOKafkaProducer
+
+        p = AIOKafkaProducer(bootstrap_servers=bs, acks="all", enable_idempotence=False)
+        await p.start()
+        try:
+            await p.send_and_wait(TopicNames(prefix)("control"), encode(record), key=f"cache:{tenant}".encode())
+        finally:
+            await p.stop()
+
+    asyncio.run(run())
+    doc = record.model_dump(mode="json")
+    if json:
+        _print_json(doc)
+    else:
+        out.print(f"invalidation published for tenant {tenant}: entries created before {record.before_ms}")
+
+
+@app.command("cache-eval")
+@command
+def cache_eval(pairs: Annotated[Path, typer.Option("--pairs", exists=True, dir_okay=False, help="labelled JSONL")],
+               data_dir: DataDir = Path(".llmpipe"), config: ConfigFile = None, bootstrap: Bootstrap = None,
+               json: Json = False) -> None:
+    """Precision, recall and false hits of the cache policy on labelled pairs (embedded index)."""
+    import tempfile
+
+    from pipeline.engines.embedder import Embedder
+    from pipeline.stages.cache_eval import evaluate, read_pairs
+    from pipeline.stages.cache_policy import CachePolicy
+    from pipeline.stages.semantic_cache import KEYWORD_FIELDS, NUMERIC_FIELDS, SemanticCache
+    from pipeline.stores.vector_index import open_index
+
+    s = _settings(data_dir, config, bootstrap)
+    spec = next((st for st in s.stages if st.name == "cache"), None)
+    policy = CachePolicy.model_validate(spec.policy if spec else {})
+    try:
+        rows = read_pairs(pairs)
+    except ValueError as exc:
+        raise CliError(str(exc)) from None
+    embedder = Embedder()
+    with tempfile.TemporaryDirectory() as tmp:
+        index = open_index(f"edge:{tmp}", embedder.dim, KEYWORD_FIELDS, NUMERIC_FIELDS)
+        cache = SemanticCache(index, embedder, policy)
+        with Progress(TextColumn("cache-eval"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                      console=err, transient=True) as progress:
+            task = progress.add_task("pairs", total=len(rows))
+            report = evaluate(cache, rows, on_pair=lambda: progress.advance(task))
+        index.close()
+    if not json:
+        t = Table("domain", "pairs", "same", "hits", "precision", "recall", "false hits", "lookup p50 ms", "p95 ms")
+        for name, sc in [*report["by_domain"].items(), ("overall", report["overall"])]:
+            t.add_row(name, str(sc["pairs"]), str(sc["same"]), str(sc["hits"]), str(sc["precision"]),
+                      str(sc["recall"]), str(sc["false_hits"]), str(sc["lookup_ms"]["p50"]), str(sc["lookup_ms"]["p95"]))
+        out.print(t)
+        report = {k: v for k, v in report.items() if k != "pairs"}
+    _print_json(report)
 
 
 # ---- engineers ---------------------------------------------------------------------------------

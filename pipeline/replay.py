@@ -153,7 +153,7 @@ async def replay(
     replay_id = replay_id or f"replay-{uuid.uuid4().hex[:12]}"
     topology = Topology(settings)
     decisions: list[Evidence] = []
-    handler = StageHandler(topology.build(stage, policy), topology, names, f"replay:{replay_id}",
+    handler = StageHandler(topology.build(stage, policy, bootstrap), topology, names, f"replay:{replay_id}",
                            replay=ReplayMode(replay_id, shadow), on_evidence=decisions.extend)
     report = ReplayReport(replay_id, stage, full_topic, shadow)
     producer: AIOKafkaProducer = make_producer(settings, bootstrap)

@@ -104,6 +104,8 @@ class Settings(BaseSettings):
     metrics_port: int | None = Field(None, description="Prometheus port; 0 = any free port")
     metrics_host: str = Field("127.0.0.1", description="0.0.0.0 in containers, so Prometheus can scrape")
     admin_port: int = 0
+    # semantic cache index: edge:/dir (embedded, default DATA_DIR/cache-index/edge), qdrant:http://host:6333
+    vector_index: str | None = None
     broker_port: int = 0
     stages: list[StageSpec] = Field(default_factory=list)
     consumer: ConsumerSettings = ConsumerSettings()

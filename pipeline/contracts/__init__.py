@@ -1,5 +1,6 @@
 """Wire contracts: every value on a topic is one of these pydantic models, with a `schema` tag."""
 
+from pipeline.contracts.control import CacheInvalidate, CachePut, ControlRecord, Marker
 from pipeline.contracts.dlq import DlqRecord
 from pipeline.contracts.evidence import Evidence
 from pipeline.contracts.request import ChatMessage, ReplyTo, RequestDoc, StageTiming
@@ -13,9 +14,14 @@ WIRE_MODELS = {
     "evidence": Evidence,
     "rollout": Rollout,
     "dlq": DlqRecord,
+    "control": ControlRecord,
 }
 
 __all__ = [
+    "CacheInvalidate",
+    "CachePut",
+    "ControlRecord",
+    "Marker",
     "WIRE_MODELS",
     "ChatMessage",
     "DlqRecord",

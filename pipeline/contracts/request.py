@@ -48,6 +48,35 @@ class Section(BaseModel):
     reason: str | None = None
 
 
+class RequestContext(WireModel):
+    """What the caller declares about the request: the cache's boundaries and bypass reasons."""
+
+    locale: str = "en"
+    region: str | None = None
+    acl_scope: str = Field("tenant", description="tenant | user:<id> | role:<name> | group:<name>")
+    data_version: str | None = Field(None, description="version of the tools/data the answer depends on")
+    domain: str | None = Field(None, description="caller's domain hint (faq, payments, ...)")
+    personalised: bool = False
+    tool_side_effects: bool = False
+    volatile: bool = Field(False, description="depends on live data (balances, delivery status)")
+
+
+class CacheSection(WireModel):
+    """Filled by cache: what was looked up, what was found, and why it was (not) served."""
+
+    decision: Literal["hit", "miss", "bypass", "shadow_hit"]
+    reason: str
+    mode: Literal["on", "shadow", "off"]
+    domain: str
+    threshold: float | None = None
+    candidate_id: str | None = None
+    similarity: float | None = None
+    gate: dict[str, bool] = Field(default_factory=dict)
+    answer: str | None = Field(None, description="the cached answer, on a hit only")
+    policy_version: str
+    embedding_revision: str | None = None
+
+
 class MaskingSection(WireModel):
     """Filled by mask. Entity texts never appear here: only counts, and the sealed restore mapping."""
 
@@ -84,9 +113,10 @@ class RequestDoc(WireModel):
     traceparent: str | None = None
     reply_to: ReplyTo | None = None
     body: ChatBody
+    context: RequestContext = Field(default_factory=RequestContext)
     # stage sections, in pipeline order
     masking: MaskingSection | None = None
-    cache: Section | None = None
+    cache: CacheSection | None = None
     route: Section | None = None
     admission: Section | None = None
     media: Section | None = None

@@ -24,7 +24,7 @@ def group_id(settings: Settings, stage: str) -> str:
 def stage_worker(settings: Settings, topology: Topology, stage: str, bootstrap: str) -> StageWorker:
     names = TopicNames(settings.topic_prefix)
     worker_id = settings.worker_id or default_worker_id()
-    handler = StageHandler(topology.build(stage), topology, names, worker_id)
+    handler = StageHandler(topology.build(stage, bootstrap=bootstrap), topology, names, worker_id)
     topics = [names.stage_input(stage)]
     if stage == topology.first:
         topics.append(names.requests)  # external producers publish to `requests`

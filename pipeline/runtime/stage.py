@@ -40,6 +40,8 @@ class StageContext:
     spec: StageSpec
     settings: Settings
     runtime: RuntimeSettings
+    bootstrap: str | None = None  # for stages that follow or publish side topics (e.g. control)
+    topic_prefix: str = "llmpipe."
 
     @property
     def name(self) -> str:

@@ -17,6 +17,7 @@ from pipeline.settings import Settings, StageSpec
 # Product stages, in pipeline order. A stage is listed here once its module exists.
 PRODUCT_STAGES: dict[str, str] = {
     "mask": "pipeline.stages.mask:MaskStage",
+    "cache": "pipeline.stages.cache:CacheStage",
 }
 
 
@@ -60,11 +61,12 @@ class Topology:
             raise TopologyError(f"stage {name!r} is not in the topology ({', '.join(self.order) or 'empty'})")
         return self.specs[name]
 
-    def build(self, name: str, policy: dict | None = None) -> Stage:
+    def build(self, name: str, policy: dict | None = None, bootstrap: str | None = None) -> Stage:
         spec = self.spec(name)
         if policy is not None:
             spec = spec.model_copy(update={"policy": policy})
-        ctx = StageContext(spec=spec, settings=self.settings, runtime=self.settings.runtime_for(spec))
+        ctx = StageContext(spec=spec, settings=self.settings, runtime=self.settings.runtime_for(spec),
+                           bootstrap=bootstrap or self.settings.bootstrap, topic_prefix=self.settings.topic_prefix)
         return self.stage_class(name)(ctx)
 
     def topic_registry(self) -> dict[str, TopicSpec]:

@@ -1,0 +1,45 @@
+"""Records on the `control` topic: cache write-backs and invalidations (and, later, policy
+versions and the adapter registry). Every cache worker follows the whole topic, so each keeps a
+complete index replica and applies invalidations in order."""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal, Union
+
+from pydantic import Field, RootModel
+
+from pipeline.contracts.base import WireModel, now_ms
+
+CONTROL_SCHEMA = "control/v1"
+
+
+class CachePut(WireModel):
+    schema_: Literal["control/v1"] = Field(CONTROL_SCHEMA, alias="schema")
+    kind: Literal["cache_put"] = "cache_put"
+    entry_id: str
+    vector: list[float]
+    payload: dict[str, str | int | float | bool]
+    at_ms: int = Field(default_factory=now_ms)
+
+
+class CacheInvalidate(WireModel):
+    schema_: Literal["control/v1"] = Field(CONTROL_SCHEMA, alias="schema")
+    kind: Literal["cache_invalidate"] = "cache_invalidate"
+    tenant: str = Field(min_length=1)
+    model_revision: str | None = None
+    prompt_revision: str | None = None
+    data_version: str | None = None
+    before_ms: int = Field(default_factory=now_ms, description="entries created before this are invalid")
+    at_ms: int = Field(default_factory=now_ms)
+
+
+class Marker(WireModel):
+    """Written by a follower to learn it has caught up (end offsets are unreliable on Tansu)."""
+
+    schema_: Literal["control/v1"] = Field(CONTROL_SCHEMA, alias="schema")
+    kind: Literal["marker"] = "marker"
+    marker_id: str
+
+
+class ControlRecord(RootModel[Annotated[Union[CachePut, CacheInvalidate, Marker], Field(discriminator="kind")]]):
+    pass

@@ -1,0 +1,102 @@
+"""Follow a whole topic (every partition, from the beginning, no consumer group) and apply each
+record: how every cache worker keeps its replica of the `control` changelog.
+
+Catching up: end offsets are unreliable on the embedded broker, so `catch_up()` writes a unique
+marker record to every partition and waits until the follower has read all of them back.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import uuid
+from collections.abc import Callable
+
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
+from aiokafka.errors import KafkaError
+
+from pipeline.contracts import ControlRecord, Marker
+from pipeline.runtime.codec import decode, encode
+from pipeline.runtime.errors import DecodeError
+
+log = logging.getLogger(__name__)
+
+
+class ControlFollower:
+    def __init__(self, bootstrap: str, topic: str, apply: Callable[[object], object]) -> None:
+        self.bootstrap = bootstrap
+        self.topic = topic
+        self.apply = apply
+        self.consumer: AIOKafkaConsumer | None = None
+        self.producer: AIOKafkaProducer | None = None
+        self._task: asyncio.Task | None = None
+        self._waiting: dict[str, asyncio.Event] = {}
+        self.applied = 0
+        self.unreadable = 0
+
+    async def start(self, timeout_s: float = 60.0) -> "ControlFollower":
+        self.producer = AIOKafkaProducer(bootstrap_servers=self.bootstrap, acks="all", enable_idempotence=False)
+        await self.producer.start()
+        self.consumer = AIOKafkaConsumer(bootstrap_servers=self.bootstrap, enable_auto_commit=False,
+                                         fetch_max_wait_ms=20, auto_offset_reset="earliest")
+        await self.consumer.start()
+        await asyncio.sleep(0)  # aiokafka: a consumer stopped before its first tick raises CancelledError
+        parts = await self.producer.partitions_for(self.topic)
+        tps = [TopicPartition(self.topic, p) for p in sorted(parts)]
+        self.consumer.assign(tps)
+        await self.consumer.seek_to_beginning(*tps)
+        self._task = asyncio.create_task(self._follow())
+        await self.catch_up(timeout_s)
+        return self
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            await asyncio.gather(self._task, return_exceptions=True)
+        if self.consumer is not None:
+            await self.consumer.stop()
+        if self.producer is not None:
+            await self.producer.stop()
+
+    async def publish(self, record: object, key: bytes | None = None) -> None:
+        assert self.producer is not None
+        await self.producer.send_and_wait(self.topic, encode(record), key=key)
+
+    async def catch_up(self, timeout_s: float = 60.0) -> None:
+        """Return once every record written before this call has been applied."""
+        assert self.producer is not None
+        events = []
+        for p in sorted(await self.producer.partitions_for(self.topic)):
+            marker = Marker(marker_id=uuid.uuid4().hex)
+            ev = self._waiting[marker.marker_id] = asyncio.Event()
+            events.append(ev)
+            await self.producer.send_and_wait(self.topic, encode(marker), partition=p)
+        await asyncio.wait_for(asyncio.gather(*(e.wait() for e in events)), timeout_s)
+
+    async def _follow(self) -> None:
+        assert self.consumer is not None
+        while True:
+            try:
+                batches = await asyncio.wait_for(self.consumer.getmany(timeout_ms=200), 10)
+            except asyncio.TimeoutError:
+                continue
+            except KafkaError as exc:
+                log.warning("control follower: poll failed: %r", exc)
+                await asyncio.sleep(0.5)
+                continue
+            for records in batches.values():
+                for rec in records:
+                    try:
+                        record = decode(rec.value, ControlRecord).root
+                    except DecodeError as exc:
+                        self.unreadable += 1
+                        log.error("control: unreadable record at %s:%d@%d (%s)", rec.topic, rec.partition,
+                                  rec.offset, exc.error_class)
+                        continue
+                    if isinstance(record, Marker):
+                        ev = self._waiting.pop(record.marker_id, None)
+                        if ev is not None:
+                            ev.set()
+                        continue
+                    await asyncio.to_thread(self.apply, record)
+                    self.applied += 1

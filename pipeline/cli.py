@@ -564,10 +564,10 @@ def replay(topic: Annotated[str, typer.Option("--topic", help="registry name (e.
                   f"({'shadow' if shadow else 'live'}); {report.compared} compared, {report.changed} changed, "
                   f"{report.without_original} without original evidence")
         t = Table("stage", "change", "count")
-        for change, n in report.transitions.most_common():
-            t.add_row(stage, change, str(n))
-        for reason, n in report.by_reason.most_common():
-            t.add_row(stage, f"reason: {reason}", str(n))
+        for (st, change), n in report.transitions.most_common():
+            t.add_row(st, change, str(n))
+        for (st, reason), n in report.by_reason.most_common():
+            t.add_row(st, f"reason: {reason}", str(n))
         out.print(t)
     _print_json(doc)
 

@@ -85,9 +85,10 @@ class ReplayReport:
     compared: int = 0
     changed: int = 0
     without_original: int = 0
-    transitions: Counter = field(default_factory=Counter)  # "old -> new"
-    by_reason: Counter = field(default_factory=Counter)  # new reason of changed decisions
+    transitions: Counter = field(default_factory=Counter)  # (stage, "old -> new")
+    by_reason: Counter = field(default_factory=Counter)  # (stage, new reason) of changed decisions
     examples: list[dict[str, str]] = field(default_factory=list)
+    changed_ids: list[str] = field(default_factory=list)  # request ids whose main-stage decision changed
 
     def as_json(self) -> dict[str, Any]:
         return {
@@ -95,9 +96,16 @@ class ReplayReport:
             "records": self.records, "decisions": self.decisions, "compared": self.compared,
             "changed": self.changed, "unchanged": self.compared - self.changed,
             "without_original": self.without_original,
-            "changes": {self.stage: dict(self.transitions)}, "changed_by_reason": {self.stage: dict(self.by_reason)},
-            "examples": self.examples,
+            "changes": _nest(self.transitions), "changed_by_reason": _nest(self.by_reason),
+            "examples": self.examples, "changed_request_ids": sorted(self.changed_ids),
         }
+
+
+def _nest(counts: Counter) -> dict[str, dict[str, int]]:
+    out: dict[str, dict[str, int]] = {}
+    for (stage, what), n in sorted(counts.items()):
+        out.setdefault(stage, {})[what] = n
+    return out
 
 
 async def _read_range(consumer: AIOKafkaConsumer, tps: list[TopicPartition], rng: RangeSpec, idle_ms: int):
@@ -193,20 +201,23 @@ async def _partitions(consumer: AIOKafkaConsumer, topic: str) -> set[int]:
 
 
 def _diff(report: ReplayReport, decisions: list[Evidence], query: Callable[[str, dict[str, Any]], QueryResult]) -> None:
-    replayed = {(e.request_id, e.attempt): e for e in decisions}
+    """Compare every replayed row with the original row of the same (request_id, attempt, stage);
+    a stage may write several rows (route writes `route` and `route.placement`)."""
+    replayed = {(e.request_id, e.attempt, e.stage): e for e in decisions}
     if not replayed:
         return
-    ids = sorted({rid for rid, _ in replayed})
-    original: dict[tuple[str, int], tuple[str, str]] = {}
+    ids = sorted({rid for rid, _, _ in replayed})
+    stages = sorted({st for _, _, st in replayed})
+    original: dict[tuple[str, int, str], tuple[str, str]] = {}
     for chunk in range(0, len(ids), 1000):
         res = query(
-            "SELECT request_id, attempt, decision, reason FROM decisions FINAL "
-            "WHERE stage = {stage:String} AND replay_id = '' AND request_id IN {ids:Array(String)}",
-            {"stage": report.stage, "ids": ids[chunk:chunk + 1000]},
+            "SELECT request_id, attempt, stage, decision, reason FROM decisions FINAL "
+            "WHERE stage IN {stages:Array(String)} AND replay_id = '' AND request_id IN {ids:Array(String)}",
+            {"stages": stages, "ids": ids[chunk:chunk + 1000]},
         )
-        for rid, attempt, decision, reason in res.rows:
-            original[(rid, int(attempt))] = (decision, reason)
-    for key, ev in replayed.items():
+        for rid, attempt, stage, decision, reason in res.rows:
+            original[(rid, int(attempt), stage)] = (decision, reason)
+    for key, ev in sorted(replayed.items()):
         before = original.get(key)
         if before is None:
             report.without_original += 1
@@ -214,8 +225,10 @@ def _diff(report: ReplayReport, decisions: list[Evidence], query: Callable[[str,
         report.compared += 1
         if before[0] != ev.decision:
             report.changed += 1
-            report.transitions[f"{before[0]} -> {ev.decision}"] += 1
-            report.by_reason[ev.reason] += 1
+            report.transitions[(ev.stage, f"{before[0]} -> {ev.decision}")] += 1
+            report.by_reason[(ev.stage, ev.reason)] += 1
+            if ev.stage == report.stage:
+                report.changed_ids.append(key[0])
             if len(report.examples) < 10:
-                report.examples.append({"request_id": key[0], "before": before[0], "after": ev.decision,
-                                        "reason_before": before[1], "reason_after": ev.reason})
+                report.examples.append({"request_id": key[0], "stage": ev.stage, "before": before[0],
+                                        "after": ev.decision, "reason_before": before[1], "reason_after": ev.reason})

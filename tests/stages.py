@@ -9,7 +9,6 @@ import asyncio
 import os
 
 from pipeline.contracts import RequestDoc, Response, Status
-from pipeline.contracts.request import Section
 from pipeline.runtime.errors import StageError
 from pipeline.runtime.stage import Outcome, Stage
 
@@ -21,7 +20,7 @@ class Classify(Stage):
         threshold = int(self.ctx.policy.get("threshold", 20))
         n = len(doc.prompt_text())
         decision = "long" if n > threshold else "short"
-        doc = doc.model_copy(update={"route": Section(decision=decision, reason=f"len {n} vs {threshold}")})
+        doc = doc.model_copy(update={"labels": {**doc.labels, "class": decision}})
         return Outcome.forward(doc, self.evidence(doc, decision, f"length_{'above' if n > threshold else 'at_most'}_threshold",
                                                   scores={"length": float(n), "threshold": float(threshold)}))
 
@@ -36,7 +35,7 @@ class Answer(Stage):
         prompt = doc.prompt_text()
         if "explode" in prompt:
             raise StageError("asked to explode", error_class="test_explosion")
-        route = doc.route.decision if doc.route else None
+        route = doc.route.decision if doc.route else doc.labels.get("class")
         resp = Response(request_id=doc.request_id, status=Status.ok, text=prompt.upper(), answered_by=self.name,
                         route=route)
         return Outcome.answer(doc, resp, self.evidence(doc, "answered", "uppercase"))

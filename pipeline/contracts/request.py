@@ -77,6 +77,30 @@ class CacheSection(WireModel):
     embedding_revision: str | None = None
 
 
+class DeviceState(WireModel):
+    """What an edge device reports with a request; route places the request from it."""
+
+    battery_pct: float | None = Field(None, ge=0, le=100)
+    temperature_c: float | None = None
+    network_rtt_ms: float | None = Field(None, ge=0)
+    privacy_local_only: bool = Field(False, description="raw data must not leave the device")
+
+
+class RouteSection(WireModel):
+    """Filled by route: which route, model, adapter and placement, with the scores behind them."""
+
+    decision: str = Field(description="the chosen route")
+    reason: str
+    model: str
+    adapter: str | None = None
+    deployments: list[str] = Field(default_factory=list, description="candidates, in preference order")
+    fallbacks: list[str] = Field(default_factory=list, description="routes to try when this one fails")
+    scores: dict[str, float] = Field(default_factory=dict)
+    placement: Literal["local", "cloud", "degraded"] = "cloud"
+    placement_reason: Literal["privacy", "deadline", "network", "thermal", "quality"] = "quality"
+    policy_version: str
+
+
 class MaskingSection(WireModel):
     """Filled by mask. Entity texts never appear here: only counts, and the sealed restore mapping."""
 
@@ -110,6 +134,7 @@ class RequestDoc(WireModel):
     attempt: int = Field(0, ge=0, description="caller's retry number of this request_id")
     idempotency_key: str | None = None
     device_id: str | None = None
+    device: DeviceState | None = None
     traceparent: str | None = None
     reply_to: ReplyTo | None = None
     body: ChatBody
@@ -117,7 +142,7 @@ class RequestDoc(WireModel):
     # stage sections, in pipeline order
     masking: MaskingSection | None = None
     cache: CacheSection | None = None
-    route: Section | None = None
+    route: RouteSection | None = None
     admission: Section | None = None
     media: Section | None = None
     vision: Section | None = None

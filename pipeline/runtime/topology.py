@@ -18,6 +18,7 @@ from pipeline.settings import Settings, StageSpec
 PRODUCT_STAGES: dict[str, str] = {
     "mask": "pipeline.stages.mask:MaskStage",
     "cache": "pipeline.stages.cache:CacheStage",
+    "route": "pipeline.stages.route:RouteStage",
 }
 
 

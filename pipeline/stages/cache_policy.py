@@ -188,7 +188,8 @@ def numbers(text: str) -> set[str]:
 def negated(text: str) -> bool:
     lowered = text.lower()
     words = set(_WORD.findall(lowered))
-    return bool(words & _NEGATION_EN) or "n't" in lowered or any(k in lowered for k in _NEGATION_KO)
+    return (bool(words & _NEGATION_EN) or "n't" in lowered or bool(re.search(r"\bnon-?[a-z]", lowered))
+            or any(k in lowered for k in _NEGATION_KO))
 
 
 def _ko_stem(word: str) -> str:

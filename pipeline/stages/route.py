@@ -1,0 +1,92 @@
+"""route: pick the route (model, adapter, deployments, fallbacks) and the placement, and say why.
+
+The input topic is keyed by device_id when a request carries device state, so one worker owns
+each device's hysteresis flags (kept in memory: a rebalance starts a moved device afresh).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import numpy as np
+
+from pipeline.contracts import RequestDoc
+from pipeline.contracts.request import RouteSection
+from pipeline.engines.embedder import Embedder
+from pipeline.runtime.stage import Outcome, Stage, StageContext
+from pipeline.stages.route_policy import DeviceFlags, RoutePolicy, choose_route, place, score_routes, update_flags
+
+
+def route_text(doc: RequestDoc) -> str:
+    return "\n".join(m.content for m in doc.body.messages if m.role == "user")
+
+
+class Router:
+    """The policy plus the embedded exemplars; `decide` is deterministic for (input, policy, flags)."""
+
+    def __init__(self, policy: RoutePolicy, embedder: Embedder) -> None:
+        self.policy = policy
+        self.embedder = embedder
+        self.exemplars = {name: embedder.embed(r.exemplars) if r.exemplars else np.zeros((0, embedder.dim))
+                          for name, r in policy.routes.items()}
+        self.flags: dict[str, DeviceFlags] = {}
+
+    def decide(self, doc: RequestDoc, vec: np.ndarray, now_ms: int) -> RouteSection:
+        text = route_text(doc)
+        scores = score_routes(text, vec, self.exemplars, self.policy)
+        name, reason = choose_route(scores, self.policy)
+        route = self.policy.routes[name]
+        flags = DeviceFlags()
+        if doc.device_id:
+            flags = self.flags[doc.device_id] = update_flags(self.flags.get(doc.device_id, DeviceFlags()),
+                                                              doc.device, now_ms, self.policy.placement)
+        else:
+            flags = update_flags(flags, doc.device, now_ms, self.policy.placement)
+        placement, placement_reason = place(flags, doc.device, doc.deadline_ms, now_ms, self.policy.placement)
+        return RouteSection(decision=name, reason=reason, model=route.model, adapter=route.adapter,
+                            deployments=route.deployments, fallbacks=route.fallbacks, scores=scores,
+                            placement=placement, placement_reason=placement_reason,
+                            policy_version=self.policy.version)
+
+
+class RouteStage(Stage):
+    max_batch = 16
+    max_wait_ms = 3
+
+    def __init__(self, ctx: StageContext) -> None:
+        super().__init__(ctx)
+        self.policy = RoutePolicy.model_validate(ctx.policy)
+        self.router: Router | None = None
+
+    @property
+    def policy_version(self) -> str:
+        return self.policy.version
+
+    async def start(self) -> None:
+        embedder = await asyncio.to_thread(Embedder)
+        self.router = await asyncio.to_thread(Router, self.policy, embedder)
+
+    def outcome(self, doc: RequestDoc, sec: RouteSection) -> Outcome:
+        doc = doc.model_copy(update={"route": sec})
+        ev = self.evidence(doc, sec.decision, sec.reason,
+                           scores={f"route.{k}": v for k, v in sec.scores.items()},
+                           candidates=[sec.decision, *sec.fallbacks],
+                           revisions={"embedding": self.router.embedder.revision if self.router else ""})
+        placement_ev = self.evidence(doc, f"placement:{sec.placement}", sec.placement_reason)
+        # evidence rows are keyed by (request_id, stage, attempt): the placement row is its own stage name
+        placement_ev = placement_ev.model_copy(update={"stage": f"{self.name}.placement"})
+        return Outcome.forward(doc, ev, placement_ev)
+
+    async def process_batch(self, docs: list[RequestDoc]) -> list[Outcome | BaseException]:
+        assert self.router is not None, "start() first"
+        router = self.router
+
+        def run() -> list[RouteSection]:
+            vecs = router.embedder.embed([route_text(d) for d in docs])
+            now = int(time.time() * 1000)
+            # the record's own creation time drives hysteresis, so a replay re-decides identically
+            return [router.decide(d, v, d.created_ms or now) for d, v in zip(docs, vecs)]
+
+        sections = await asyncio.to_thread(run)
+        return [self.outcome(d, s) for d, s in zip(docs, sections)]

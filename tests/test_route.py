@@ -1,0 +1,91 @@
+"""route: deterministic scoring, sensible routes, placement reasons, hysteresis that does not flap."""
+
+from __future__ import annotations
+
+import pytest
+
+from pipeline.contracts import RequestDoc
+from pipeline.contracts.request import DeviceState
+from pipeline.engines.embedder import Embedder
+from pipeline.stages.route import Router, route_text
+from pipeline.stages.route_policy import (
+    DeviceFlags,
+    PlacementPolicy,
+    RoutePolicy,
+    complexity,
+    place,
+    update_flags,
+)
+
+P = PlacementPolicy()
+
+
+@pytest.fixture(scope="module")
+def embedder() -> Embedder:
+    return Embedder()
+
+
+def doc(text: str, **kw) -> RequestDoc:
+    return RequestDoc(request_id="r", tenant_id="t", body={"messages": [{"role": "user", "content": text}]}, **kw)
+
+
+def decide(router: Router, d: RequestDoc, now: int = 1_000):
+    return router.decide(d, router.embedder.embed([route_text(d)])[0], now)
+
+
+def test_routes_are_sensible_and_deterministic(embedder):
+    a, b = Router(RoutePolicy(), embedder), Router(RoutePolicy(), embedder)
+    cases = {
+        "Explain step by step why quicksort is O(n log n) on average and compare it with mergesort": "reasoning",
+        "I want a refund for my last order": "support",
+        "환불 받고 싶어요. 주문 취소해 주세요": "support",
+        "Say hi": "simple",
+    }
+    for text, expected in cases.items():
+        first, second = decide(a, doc(text)), decide(b, doc(text))
+        assert first == second, "same input and policy, same decision and scores"
+        assert first.decision == expected, (text, first.scores)
+        assert first.model == RoutePolicy().routes[expected].model
+        assert first.fallbacks == RoutePolicy().routes[expected].fallbacks and first.policy_version == "route-v1"
+
+
+def test_complexity_grows_with_reasoning_cues():
+    assert complexity("hi") < complexity("Explain why the design trades latency for throughput, step by step.")
+
+
+def test_placement_reasons():
+    hot = DeviceFlags(hot=update_flags(DeviceFlags(), DeviceState(temperature_c=45), 0, P).hot)
+    assert place(DeviceFlags(), DeviceState(privacy_local_only=True), None, 0, P) == ("local", "privacy")
+    assert place(hot, DeviceState(privacy_local_only=True), None, 0, P) == ("degraded", "privacy")
+    assert place(hot, DeviceState(temperature_c=45), None, 0, P) == ("cloud", "thermal")
+    slow = update_flags(DeviceFlags(), DeviceState(network_rtt_ms=900), 0, P)
+    assert place(slow, DeviceState(network_rtt_ms=900), None, 0, P) == ("local", "network")
+    assert place(DeviceFlags(), DeviceState(), 1_000, 0, P) == ("local", "deadline")
+    assert place(DeviceFlags(), DeviceState(), 60_000, 0, P) == ("cloud", "quality")
+    assert place(DeviceFlags(), None, 1_000, 0, P) == ("cloud", "quality")  # no device: nothing to place on
+
+
+def test_temperature_oscillating_around_the_high_threshold_does_not_flap(embedder):
+    router = Router(RoutePolicy(), embedder)
+    temps = [41.0, 42.5, 41.6, 42.1, 41.8, 42.3, 41.9, 42.0, 41.7, 42.4] * 3
+    placements = []
+    for i, t in enumerate(temps):
+        d = doc("What are your opening hours?", device_id="dev-1", device=DeviceState(temperature_c=t))
+        placements.append(decide(router, d, now=1_000 + i * 1_000).placement_reason)
+    changes = sum(1 for x, y in zip(placements, placements[1:]) if x != y)
+    assert placements[0] == "quality" and placements[-1] == "thermal"
+    assert changes == 1, placements  # entered once, never left while hovering above the low mark
+    # leaving needs the low threshold AND the hold time
+    late = 1_000 + len(temps) * 1_000
+    d = doc("What are your opening hours?", device_id="dev-1", device=DeviceState(temperature_c=37.0))
+    held = decide(router, d, now=late).placement_reason
+    cooled = decide(router, d, now=late + P.min_hold_ms + 1).placement_reason
+    assert held == "thermal" or P.min_hold_ms <= len(temps) * 1_000
+    assert cooled == "quality"
+
+
+def test_devices_are_independent(embedder):
+    router = Router(RoutePolicy(), embedder)
+    decide(router, doc("hi", device_id="hot", device=DeviceState(temperature_c=50)))
+    cool = decide(router, doc("hi", device_id="cool", device=DeviceState(temperature_c=30)))
+    assert cool.placement_reason == "quality" and router.flags["hot"].hot.on

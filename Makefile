@@ -37,9 +37,9 @@ demo: install
 	@$(LLMPIPE) down --data-dir $(DEMO_DIR) >/dev/null 2>&1 || true
 	@# a fresh warehouse each run, so the summary shows this run only
 	@rm -rf $(DEMO_DIR)
-	$(LLMPIPE) up --detach --data-dir $(DEMO_DIR) --config $(DEMO_CONFIG)
+	$(LLMPIPE) up --detach --processes --data-dir $(DEMO_DIR) --config $(DEMO_CONFIG)
 	@trap '$(LLMPIPE) down --data-dir $(DEMO_DIR)' EXIT; \
-	  $(LLMPIPE) load --file examples/traffic.jsonl --rate 50 --data-dir $(DEMO_DIR) && \
+	  $(LLMPIPE) load --file examples/traffic.jsonl --rate 20 --data-dir $(DEMO_DIR) && \
 	  sleep 1.5 && \
 	  $(LLMPIPE) report --data-dir $(DEMO_DIR)
 

@@ -229,7 +229,8 @@ def down(data_dir: DataDir = Path(".llmpipe"), config: ConfigFile = None, bootst
 @command
 def worker(stage: Annotated[str, typer.Argument(help="stage name from the topology, or `sink`")],
            data_dir: DataDir = Path(".llmpipe"), config: ConfigFile = None, bootstrap: Bootstrap = None,
-           admin_port: Annotated[int, typer.Option(help="sink only: admin/SQL port (0 = free)")] = 0) -> None:
+           admin_port: Annotated[int, typer.Option(help="sink only: admin/SQL port (0 = free)")] = 0,
+           ready_file: Annotated[Optional[Path], typer.Option(help="touched once the worker consumes")] = None) -> None:
     """Run one stage group's worker against any broker (scale out by running more)."""
     from pipeline.runtime.launch import run_until_signalled, sink_worker, stage_worker
     from pipeline.runtime.metrics import serve_metrics
@@ -244,14 +245,19 @@ def worker(stage: Annotated[str, typer.Argument(help="stage name from the topolo
         port = serve_metrics(s.metrics_port, s.metrics_host)
         logging.getLogger(__name__).info("metrics on http://127.0.0.1:%d/metrics", port)
 
+    def ready() -> None:
+        if ready_file is not None:
+            ready_file.parent.mkdir(parents=True, exist_ok=True)
+            ready_file.touch()
+
     async def run() -> None:
         if stage != SINK_STAGE:
-            await run_until_signalled([stage_worker(s, Topology(s), stage, bs)])
+            await run_until_signalled([stage_worker(s, Topology(s), stage, bs)], on_started=ready)
             return
         wh = Warehouse(s.resolved_warehouse_dsn())
         admin = await AdminServer(wh, admin_port or s.admin_port).start()
         try:
-            await run_until_signalled([sink_worker(s, bs, wh)])
+            await run_until_signalled([sink_worker(s, bs, wh)], on_started=ready)
         finally:
             await admin.stop()
             wh.close()

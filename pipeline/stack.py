@@ -102,7 +102,8 @@ class _ChildWorkers:
         env = {**os.environ, "LLMPIPE_BOOTSTRAP": self.bootstrap,
                "LLMPIPE_DATA_DIR": str(self.settings.resolved_data_dir()),
                "LLMPIPE_TOPIC_PREFIX": self.settings.topic_prefix}
-        cmd = [sys.executable, "-m", "pipeline.cli", "worker", stage]
+        cmd = [sys.executable, "-m", "pipeline.cli", "worker", stage, "--ready-file", str(self.ready_file(stage))]
+        self.ready_file(stage).unlink(missing_ok=True)
         if stage == SINK_STAGE:
             cmd += ["--admin-port", str(self.admin_port)]
         log_file = open(self.logs / f"worker-{stage}.log", "ab")
@@ -110,6 +111,23 @@ class _ChildWorkers:
             return subprocess.Popen(cmd, env=env, stdout=log_file, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
         finally:
             log_file.close()
+
+    def ready_file(self, stage: str) -> Path:
+        return self.settings.resolved_data_dir() / "run" / f"worker-{stage}.ready"
+
+    async def wait_ready(self, timeout_s: float) -> None:
+        """Every child consumes (models loaded, changelogs caught up) before the stack says ready."""
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            for stage, proc in self.procs.items():
+                if proc.poll() is not None:
+                    raise StackError(f"worker {stage} exited with {proc.returncode} at start; see "
+                                     f"{self.logs / f'worker-{stage}.log'}")
+            if all(self.ready_file(s).exists() for s in self.procs):
+                return
+            await asyncio.sleep(0.1)
+        raise StackError(f"workers not ready within {timeout_s:.0f}s: "
+                         f"{[s for s in self.procs if not self.ready_file(s).exists()]}")
 
     def start(self) -> None:
         self.logs.mkdir(parents=True, exist_ok=True)
@@ -186,6 +204,7 @@ async def run_stack(settings: Settings, processes: bool = False) -> None:
             children = _ChildWorkers(settings, stages, bootstrap, admin_port)
             children.start()
             await _wait_http(f"http://127.0.0.1:{admin_port}/health", 120)
+            await children.wait_ready(180)
             pids.update({f"worker:{s}": p.pid for s, p in children.procs.items()})
             supervise = asyncio.create_task(children.supervise(stop))
             info = StackInfo(bootstrap, f"http://127.0.0.1:{admin_port}", None, settings.topic_prefix,

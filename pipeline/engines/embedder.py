@@ -54,3 +54,16 @@ class Embedder:
             vecs = self.model.encode(texts, batch_size=batch_size, normalize_embeddings=True,
                                      convert_to_numpy=True, show_progress_bar=False)
         return vecs.astype(np.float32)
+
+
+_SHARED: dict[str, Embedder] = {}
+_SHARED_LOCK = threading.Lock()
+
+
+def shared_embedder(model_dir: Path | None = None) -> Embedder:
+    """One model per process: stages that run in one process (cache, route) share it."""
+    key = str(model_dir or packaged_model_dir())
+    with _SHARED_LOCK:
+        if key not in _SHARED:
+            _SHARED[key] = Embedder(model_dir)
+        return _SHARED[key]

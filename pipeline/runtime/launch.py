@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 import logging
 import signal
 
@@ -56,7 +57,8 @@ async def start_all(workers: list[StageWorker]) -> list[StageWorker]:
     return workers
 
 
-async def run_until_signalled(workers: list[StageWorker], stop: asyncio.Event | None = None) -> None:
+async def run_until_signalled(workers: list[StageWorker], stop: asyncio.Event | None = None,
+                              on_started: Callable[[], None] | None = None) -> None:
     """Start workers, wait for SIGTERM/SIGINT (or `stop`), then drain and stop them in order."""
     stop = stop or asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -65,6 +67,8 @@ async def run_until_signalled(workers: list[StageWorker], stop: asyncio.Event | 
     started: list[StageWorker] = []
     try:
         started = await start_all(workers)
+        if on_started is not None:
+            on_started()
         await stop.wait()
     finally:
         log.info("draining %d workers", len(started))

@@ -1,0 +1,44 @@
+"""`llmpipe cache-eval` on the shipped labelled pairs: false hits stay at (almost) zero.
+
+The issue's bar is precision >= 0.98 with recall >= 0.6. Precision holds on the tuned set and on
+the untuned holdout; recall does not reach 0.6 (see README, "Semantic cache"): the assertions
+below guard what is achieved, so a regression in either direction shows up."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import orjson
+import pytest
+
+from tests.conftest import ROOT
+
+
+def run_eval(name: str) -> dict:
+    r = subprocess.run([sys.executable, "-m", "pipeline.cli", "cache-eval", "--pairs", f"tests/data/{name}", "--json"],
+                       cwd=ROOT, capture_output=True, text=True, timeout=900)
+    assert r.returncode == 0, r.stderr[-2000:]
+    return orjson.loads(r.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.parametrize("name,min_recall", [("cache_pairs.jsonl", 0.33), ("cache_pairs_holdout.jsonl", 0.18)])
+def test_cache_eval_precision_and_recall(name, min_recall):
+    report = run_eval(name)
+    lines = [line for line in (ROOT / "tests" / "data" / name).read_text().splitlines() if line.strip()]
+    assert len(report["pairs"]) == len(lines)
+    assert all(set(p) == {"hit", "similarity", "gate", "reason"} for p in report["pairs"])
+    overall = report["overall"]
+    print(name, overall)
+    assert overall["precision"] >= 0.98 and overall["false_hits"] <= 0.02 * overall["hits"]
+    assert overall["recall"] >= min_recall
+    cross_tenant = [p for p, line in zip(report["pairs"], lines) if orjson.loads(line).get("kind") == "cross_tenant"]
+    assert cross_tenant and not any(p["hit"] for p in cross_tenant)
+
+
+def test_cache_eval_rejects_a_bad_file(tmp_path):
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"a": "x", "b": "y", "label": "maybe", "domain": "faq"}\n')
+    r = subprocess.run([sys.executable, "-m", "pipeline.cli", "cache-eval", "--pairs", str(bad)], cwd=ROOT,
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 1 and "bad.jsonl:1" in r.stderr and "label" in r.stderr

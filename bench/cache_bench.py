@@ -41,6 +41,7 @@ import typer  # noqa: E402
 from rich.console import Console  # noqa: E402
 from rich.table import Table  # noqa: E402
 
+from bench._common import CpuWindow, pct  # noqa: E402
 from pipeline.engines.embedder import Embedder  # noqa: E402
 from pipeline.stores.vector_index import (  # noqa: E402
     EdgeIndex,
@@ -92,39 +93,6 @@ def make_texts(rng: random.Random, n: int, templates: list[str]) -> list[str]:
             seen.add(s)
             out.append(s)
     return out
-
-
-def pct(values: list[float], q: float) -> float | None:
-    if not values:
-        return None
-    s = sorted(values)
-    pos = (len(s) - 1) * q / 100
-    lo = int(pos)
-    hi = min(lo + 1, len(s) - 1)
-    return round(s[lo] + (s[hi] - s[lo]) * (pos - lo), 2)
-
-
-class CpuWindow:
-    """Host CPU busy% and steal% over a phase (/proc/stat)."""
-
-    def __init__(self) -> None:
-        self.start = self._read()
-
-    @staticmethod
-    def _read() -> list[int] | None:
-        try:
-            with open("/proc/stat") as f:
-                return [int(x) for x in f.readline().split()[1:]]
-        except (OSError, ValueError):
-            return None
-
-    def result(self) -> dict[str, float | None]:
-        end = self._read()
-        if not self.start or not end:
-            return {"busy_pct": None, "steal_pct": None}
-        d = [b - a for a, b in zip(self.start, end)]
-        total = sum(d[:8]) or 1
-        return {"busy_pct": round(100 * (total - d[3] - d[4]) / total, 1), "steal_pct": round(100 * d[7] / total, 1)}
 
 
 def fmt(v: float | None, nd: int = 1) -> str:

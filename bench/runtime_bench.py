@@ -41,6 +41,7 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition  # noqa:
 from rich.console import Console  # noqa: E402
 from rich.table import Table  # noqa: E402
 
+from bench._common import CpuWindow, pct  # noqa: E402
 from pipeline.contracts import ReplyTo, RequestDoc  # noqa: E402
 from pipeline.contracts.base import now_ms  # noqa: E402
 from pipeline.contracts.request import ChatBody, ChatMessage  # noqa: E402
@@ -56,41 +57,6 @@ from pipeline.settings import Settings, StageSpec  # noqa: E402
 HOP_TARGET_MS = 5.0
 HOPS = ["h1", "h2", "h3", "h4"]
 console = Console(stderr=False)
-
-
-def pct(values: list[float], q: float) -> float | None:
-    """Percentile with linear interpolation between closest ranks."""
-    if not values:
-        return None
-    s = sorted(values)
-    pos = (len(s) - 1) * q / 100
-    lo = int(pos)
-    hi = min(lo + 1, len(s) - 1)
-    return round(s[lo] + (s[hi] - s[lo]) * (pos - lo), 2)
-
-
-class CpuWindow:
-    """Host CPU busy% and steal% over a phase (/proc/stat): a noisy neighbour shows as steal."""
-
-    def __init__(self) -> None:
-        self.start = self._read()
-
-    @staticmethod
-    def _read() -> list[int] | None:
-        try:
-            with open("/proc/stat") as f:
-                return [int(x) for x in f.readline().split()[1:]]
-        except (OSError, ValueError):
-            return None
-
-    def result(self) -> dict[str, float | None]:
-        end = self._read()
-        if not self.start or not end:
-            return {"busy_pct": None, "steal_pct": None}
-        d = [b - a for a, b in zip(self.start, end)]
-        total = sum(d[:8]) or 1  # user nice system idle iowait irq softirq steal
-        idle = d[3] + d[4]
-        return {"busy_pct": round(100 * (total - idle) / total, 1), "steal_pct": round(100 * d[7] / total, 1)}
 
 
 def fmt(v: float | None, nd: int = 1) -> str:

@@ -67,3 +67,12 @@ def shared_embedder(model_dir: Path | None = None) -> Embedder:
         if key not in _SHARED:
             _SHARED[key] = Embedder(model_dir)
         return _SHARED[key]
+
+
+async def ready_shared_embedder() -> Embedder:
+    """The process's embedder, loaded and warmed up (the first inference is slow) off the event loop."""
+    import asyncio
+
+    embedder = await asyncio.to_thread(shared_embedder)
+    await asyncio.to_thread(embedder.embed, ["warm-up"])
+    return embedder

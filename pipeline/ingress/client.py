@@ -17,13 +17,13 @@ from collections import OrderedDict
 from typing import Any
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
-from aiokafka.errors import KafkaError
 
 from pipeline.contracts import ReplyTo, RequestDoc, Response
 from pipeline.contracts.base import now_ms
 from pipeline.contracts.request import ChatBody, ChatMessage
 from pipeline.runtime.codec import decode, encode, request_headers
 from pipeline.runtime.errors import DecodeError
+from pipeline.runtime.polling import guarded_getmany
 from pipeline.runtime.topics import TopicNames
 
 log = logging.getLogger(__name__)
@@ -161,14 +161,7 @@ class Client:
     async def _read_replies(self) -> None:
         assert self.consumer is not None
         while True:
-            try:
-                batches = await asyncio.wait_for(self.consumer.getmany(timeout_ms=100), 10)
-            except asyncio.TimeoutError:
-                continue
-            except KafkaError as exc:
-                log.warning("client: reply poll failed: %r", exc)
-                await asyncio.sleep(0.5)
-                continue
+            batches = await guarded_getmany(self.consumer, "client replies")
             for records in batches.values():
                 for rec in records:
                     self._deliver(rec.value)

@@ -13,11 +13,11 @@ import uuid
 from collections.abc import Callable
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
-from aiokafka.errors import KafkaError
 
 from pipeline.contracts import ControlRecord, Marker
 from pipeline.runtime.codec import decode, encode
 from pipeline.runtime.errors import DecodeError
+from pipeline.runtime.polling import guarded_getmany
 
 log = logging.getLogger(__name__)
 
@@ -76,14 +76,7 @@ class ControlFollower:
     async def _follow(self) -> None:
         assert self.consumer is not None
         while True:
-            try:
-                batches = await asyncio.wait_for(self.consumer.getmany(timeout_ms=200), 10)
-            except asyncio.TimeoutError:
-                continue
-            except KafkaError as exc:
-                log.warning("control follower: poll failed: %r", exc)
-                await asyncio.sleep(0.5)
-                continue
+            batches = await guarded_getmany(self.consumer, "control follower", timeout_ms=200)
             for records in batches.values():
                 for rec in records:
                     try:

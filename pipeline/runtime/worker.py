@@ -33,6 +33,7 @@ from pipeline.runtime.flow import BoundedQueue
 from pipeline.runtime.handler import Handler, Item
 from pipeline.runtime.metrics import StageMetrics
 from pipeline.runtime.offsets import OffsetTracker
+from pipeline.runtime.polling import guarded_getmany
 from pipeline.runtime.outputs import make_producer
 from pipeline.settings import RuntimeSettings, Settings
 
@@ -189,15 +190,8 @@ class StageWorker:
             if room <= 0:
                 await asyncio.sleep(0.005)
                 continue
-            try:
-                batches = await asyncio.wait_for(self.consumer.getmany(timeout_ms=100, max_records=room), guard)
-            except asyncio.TimeoutError:
-                log.warning("stage %s: poll did not return within %.0fs (broker unreachable?)", self.handler.name, guard)
-                continue
-            except KafkaError as exc:
-                log.warning("stage %s: poll failed: %r", self.handler.name, exc)
-                await asyncio.sleep(0.5)
-                continue
+            batches = await guarded_getmany(self.consumer, f"stage {self.handler.name}", guard_s=guard,
+                                            max_records=room)
             for tp, records in batches.items():
                 gen = self._generation.get(tp)
                 if gen is None:

@@ -13,7 +13,7 @@ import asyncio
 from pathlib import Path
 
 from pipeline.contracts import RequestDoc, Response, Status
-from pipeline.engines.embedder import Embedder, shared_embedder
+from pipeline.engines.embedder import Embedder, ready_shared_embedder
 from pipeline.runtime.follower import ControlFollower
 from pipeline.runtime.stage import Outcome, Stage, StageContext
 from pipeline.runtime.topics import TopicNames
@@ -44,8 +44,7 @@ class CacheStage(Stage):
         return self.policy.version
 
     async def start(self) -> None:
-        embedder = await asyncio.to_thread(shared_embedder)
-        await asyncio.to_thread(embedder.embed, ["warm-up"])  # the first inference is slow
+        embedder = await ready_shared_embedder()
         spec = index_spec(self.ctx)
         if spec.startswith("edge:"):
             Path(spec[5:]).mkdir(parents=True, exist_ok=True)

@@ -13,7 +13,7 @@ import numpy as np
 
 from pipeline.contracts import RequestDoc
 from pipeline.contracts.request import RouteSection
-from pipeline.engines.embedder import Embedder, shared_embedder
+from pipeline.engines.embedder import Embedder, ready_shared_embedder
 from pipeline.runtime.stage import Outcome, Stage, StageContext
 from pipeline.stages.route_policy import DeviceFlags, RoutePolicy, choose_route, place, score_routes, update_flags
 
@@ -64,8 +64,7 @@ class RouteStage(Stage):
         return self.policy.version
 
     async def start(self) -> None:
-        embedder = await asyncio.to_thread(shared_embedder)
-        await asyncio.to_thread(embedder.embed, ["warm-up"])  # the first inference is slow
+        embedder = await ready_shared_embedder()
         self.router = await asyncio.to_thread(Router, self.policy, embedder)
 
     def outcome(self, doc: RequestDoc, sec: RouteSection) -> Outcome:

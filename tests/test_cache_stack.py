@@ -19,14 +19,10 @@ from pipeline.runtime.launch import stage_worker
 from pipeline.runtime.topics import TopicNames
 from pipeline.runtime.topology import Topology
 from pipeline.stages.cache_policy import CachePolicy
-from pipeline.stages.semantic_cache import SemanticCache
+from pipeline.stages.semantic_cache import put_record
 from tests.conftest import ROOT, create_topics, read_topic, settings_for
 
 pytestmark = [pytest.mark.integration, pytest.mark.asyncio(loop_scope="session")]
-
-
-class _NoIndex:  # put_record only embeds; the stage's own index receives the put via control
-    pass
 
 
 async def test_write_back_hit_and_invalidation_through_the_stack(broker, prefix, tmp_path):
@@ -47,9 +43,8 @@ async def test_write_back_hit_and_invalidation_through_the_stack(broker, prefix,
             first = await client.request(ask(), 120)
             assert first.status == "ok" and first.answered_by == "answer"
             # postprocess's write-back, published on control
-            writer = SemanticCache(_NoIndex(), await asyncio.to_thread(Embedder), CachePolicy())
-            doc = ask()
-            put = writer.put_record(doc, "We are open 9 to 6 on weekdays.")
+            embedder = await asyncio.to_thread(Embedder)
+            put = put_record(ask(), "We are open 9 to 6 on weekdays.", embedder, CachePolicy())
             p = AIOKafkaProducer(bootstrap_servers=broker.bootstrap, acks="all")
             await p.start()
             try:

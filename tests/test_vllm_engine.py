@@ -15,7 +15,7 @@ from pipeline.engines.model_prep import model_dir
 from pipeline.engines.vllm_engine import Sampling, VllmEngine
 from tests.conftest import ROOT
 
-pytestmark = [pytest.mark.integration, pytest.mark.asyncio(loop_scope="session")]
+pytestmark = [pytest.mark.integration]
 
 
 def prepare(data_dir: Path) -> dict:
@@ -50,6 +50,7 @@ def test_prepare_is_idempotent_and_checksummed(prepared):
     assert Path(prepared["path"]) == model_dir(Path(prepared["data_dir"]))
 
 
+@pytest.mark.asyncio(loop_scope="session")
 async def test_greedy_answer_is_paris(engine):
     g = await engine.generate([{"role": "user", "content": "What is the capital of France?"}],
                               Sampling(max_tokens=32, temperature=0.0))
@@ -58,6 +59,7 @@ async def test_greedy_answer_is_paris(engine):
     assert g.logprobs is None and g.ttft_ms > 0 and g.e2e_ms >= g.ttft_ms
 
 
+@pytest.mark.asyncio(loop_scope="session")
 async def test_same_seed_same_tokens_and_logprobs(engine):
     msgs = [{"role": "user", "content": "Write one sentence about the sea."}]
     s = Sampling(max_tokens=24, temperature=0.8, seed=1234, logprobs=True)
@@ -68,6 +70,7 @@ async def test_same_seed_same_tokens_and_logprobs(engine):
     assert c.token_ids != a.token_ids
 
 
+@pytest.mark.asyncio(loop_scope="session")
 async def test_concurrent_requests_are_batched(engine):
     prompts = [f"Count from {i} to {i + 3}." for i in range(8)]
     t0 = asyncio.get_running_loop().time()

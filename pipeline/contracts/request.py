@@ -37,6 +37,7 @@ class ChatBody(WireModel):
     top_p: float | None = Field(None, gt=0, le=1)
     seed: int | None = None
     images: list[str] = Field(default_factory=list, description="image URLs (fetched by media)")
+    logprobs: bool = Field(False, description="return one logprob per generated token")
 
 
 class Section(BaseModel):
@@ -101,6 +102,26 @@ class RouteSection(WireModel):
     policy_version: str
 
 
+class GenerationSection(WireModel):
+    """Filled by generate: what the model produced and what it cost, on which deployment."""
+
+    deployment: str
+    model: str
+    model_revision: str
+    text: str
+    prompt_token_ids: list[int]
+    token_ids: list[int]
+    logprobs: list[float] | None = None
+    finish_reason: str
+    tokens_in: int
+    tokens_out: int
+    ttft_ms: float
+    tpot_ms: float | None = None
+    itl_p50_ms: float | None = None
+    itl_max_ms: float | None = None
+    attempts: int = 1
+
+
 class MaskingSection(WireModel):
     """Filled by mask. Entity texts never appear here: only counts, and the sealed restore mapping."""
 
@@ -146,7 +167,7 @@ class RequestDoc(WireModel):
     admission: Section | None = None
     media: Section | None = None
     vision: Section | None = None
-    generation: Section | None = None
+    generation: GenerationSection | None = None
     result: Section | None = None
     timings: list[StageTiming] = Field(default_factory=list)
     # free-form labels for tests and replays (never PII)

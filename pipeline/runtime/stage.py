@@ -11,9 +11,20 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 import orjson
+from pydantic import BaseModel
 
 from pipeline.contracts import Evidence, RequestDoc, Response, Rollout
 from pipeline.settings import RuntimeSettings, Settings, StageSpec
+
+
+@dataclass
+class SideRecord:
+    """A record for another topic (e.g. a cache write-back on `control`), produced and acked with
+    the record's other outputs before its offset is committed."""
+
+    topic: str  # registry name, e.g. "control"
+    key: bytes | None
+    value: BaseModel
 
 
 @dataclass
@@ -25,6 +36,7 @@ class Outcome:
     response: Response | None = None  # set: terminal answer, nothing is forwarded
     next_stage: str | None = None  # None: the topology's next stage
     rollouts: list[Rollout] = field(default_factory=list)
+    side: list[SideRecord] = field(default_factory=list)
 
     @classmethod
     def forward(cls, doc: RequestDoc, *evidence: Evidence, to: str | None = None) -> "Outcome":

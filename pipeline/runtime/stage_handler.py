@@ -185,9 +185,11 @@ class StageHandler:
         timing = self._timing(w.item, w.started_ms, now_ms())
         doc = outcome.doc.model_copy(update={"timings": [*outcome.doc.timings, timing]})
         await self._send_evidence(out, [self._stamp(ev, w.item, timing) for ev in outcome.evidence])
-        for ro in outcome.rollouts:
-            if not (self.replay and self.replay.shadow):
+        if not (self.replay and self.replay.shadow):
+            for ro in outcome.rollouts:
                 await out.send(self.names.rollouts, encode(ro), key=ro.request_id.encode())
+            for side in outcome.side:
+                await out.send(self.names(side.topic), encode(side.value), key=side.key)
         headers = request_headers(doc.request_id, doc.tenant_id, doc.deadline_ms, doc.attempt, doc.traceparent)
         if outcome.response is not None:
             await self._answer(out, self._finish(doc, outcome.response), doc.reply_to, headers)

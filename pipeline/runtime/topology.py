@@ -19,6 +19,8 @@ PRODUCT_STAGES: dict[str, str] = {
     "mask": "pipeline.stages.mask:MaskStage",
     "cache": "pipeline.stages.cache:CacheStage",
     "route": "pipeline.stages.route:RouteStage",
+    "generate": "pipeline.stages.generate:GenerateStage",
+    "postprocess": "pipeline.stages.postprocess:PostprocessStage",
 }
 
 

@@ -97,6 +97,26 @@ class WordVectors:
         return [float(x) for x in sims.max(axis=1)]
 
 
+def put_record(doc: RequestDoc, answer: str, embedder: Embedder, policy: CachePolicy,
+               at_ms: int | None = None) -> CachePut | None:
+    """The write-back of a cacheable miss (postprocess publishes it on `control`; no index needed).
+    None when the request may not be cached: bypass rules, mode off, or an empty answer."""
+    at_ms = at_ms or now_ms()
+    domain = detect_domain(doc, policy)
+    if not answer.strip() or policy.mode_for(doc.tenant_id, domain) == "off":
+        return None
+    if bypass_reason(doc, policy, domain) is not None:
+        return None
+    boundary = boundary_for(doc, policy, domain, embedder.revision)
+    text = cache_text(doc)
+    entry_id = hashlib.sha256(repr((sorted(boundary.as_payload().items()), text)).encode()).hexdigest()[:32]
+    ttl_ms = policy.domains[domain].ttl_s * 1000
+    payload = {**boundary.as_payload(), "entry_id": entry_id, "prompt": text, "answer": answer,
+               "created_ms": at_ms, "expires_ms": at_ms + ttl_ms, "policy_version": policy.version}
+    vec = embedder.embed([text])[0]
+    return CachePut(entry_id=entry_id, vector=[float(x) for x in vec], payload=payload, at_ms=at_ms)
+
+
 class SemanticCache:
     def __init__(self, index: VectorIndex, embedder: Embedder, policy: CachePolicy) -> None:
         self.index = index
@@ -167,22 +187,7 @@ class SemanticCache:
     # ---- write-back and invalidation (applied from the control topic) -----------------------
 
     def put_record(self, doc: RequestDoc, answer: str, at_ms: int | None = None) -> CachePut | None:
-        """The write-back of a cacheable miss (postprocess publishes it on `control`). None when the
-        request may not be cached: bypass rules, mode off, or an empty answer."""
-        at_ms = at_ms or now_ms()
-        domain = detect_domain(doc, self.policy)
-        if not answer.strip() or self.policy.mode_for(doc.tenant_id, domain) == "off":
-            return None
-        if bypass_reason(doc, self.policy, domain) is not None:
-            return None
-        boundary = boundary_for(doc, self.policy, domain, self.embedder.revision)
-        text = cache_text(doc)
-        entry_id = hashlib.sha256(repr((sorted(boundary.as_payload().items()), text)).encode()).hexdigest()[:32]
-        ttl_ms = self.policy.domains[domain].ttl_s * 1000
-        payload = {**boundary.as_payload(), "entry_id": entry_id, "prompt": text, "answer": answer,
-                   "created_ms": at_ms, "expires_ms": at_ms + ttl_ms, "policy_version": self.policy.version}
-        vec = self.embedder.embed([text])[0]
-        return CachePut(entry_id=entry_id, vector=[float(x) for x in vec], payload=payload, at_ms=at_ms)
+        return put_record(doc, answer, self.embedder, self.policy, at_ms)
 
     def apply(self, record: CachePut | CacheInvalidate) -> int:
         """Apply a control record; returns entries written (1) or deleted."""

@@ -1,0 +1,100 @@
+"""postprocess: the answer. Takes the generated (or cached) text, un-masks it where the tenant's
+policy allows, writes cacheable misses back to the cache (a `control` record every cache worker
+applies), and answers the caller; the runtime writes the finished-request row from the answer.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+from pydantic import BaseModel, Field
+
+from pipeline.contracts import RequestDoc, Response, Status
+from pipeline.contracts.response import Usage
+from pipeline.engines.embedder import Embedder, ready_shared_embedder
+from pipeline.runtime.stage import Outcome, SideRecord, Stage, StageContext
+from pipeline.stages.cache_policy import CachePolicy
+from pipeline.stages.restore_mapping import RestoreError, keyring_for, open_sealed, unmask
+from pipeline.stages.semantic_cache import put_record
+
+
+class PostprocessPolicy(BaseModel):
+    version: str = "postprocess-v1"
+    unmask: bool = True
+    tenant_unmask: dict[str, bool] = Field(default_factory=dict)
+    cache: CachePolicy = Field(default_factory=CachePolicy, description="must match the cache stage's policy")
+    write_back: bool = True
+
+    def unmask_for(self, tenant: str | None) -> bool:
+        return self.tenant_unmask.get(tenant or "", self.unmask)
+
+
+class PostprocessStage(Stage):
+    max_batch = 16
+    max_wait_ms = 2
+
+    def __init__(self, ctx: StageContext) -> None:
+        super().__init__(ctx)
+        self.policy = PostprocessPolicy.model_validate(ctx.policy)
+        self.keyring = keyring_for(ctx.settings)
+        self.embedder: Embedder | None = None  # for write-backs; the index itself is the cache stage's
+
+    @property
+    def policy_version(self) -> str:
+        return self.policy.version
+
+    async def start(self) -> None:
+        if self.policy.write_back:
+            self.embedder = await ready_shared_embedder()
+
+    def decide(self, doc: RequestDoc) -> Outcome:
+        cache, gen, route = doc.cache, doc.generation, doc.route
+        if cache is not None and cache.decision == "hit" and cache.answer is not None:
+            text, source = cache.answer, "cache"
+        elif gen is not None:
+            text, source = gen.text, "generation"
+        else:
+            resp = Response(request_id=doc.request_id, status=Status.error, error_class="no_answer",
+                            reason="neither a cache hit nor a generation reached postprocess", answered_by=self.name)
+            return Outcome.answer(doc, resp, self.evidence(doc, "error", "no_answer"))
+        side: list[SideRecord] = []
+        if source == "generation" and self.embedder is not None and cache is not None and cache.decision == "miss" \
+                and gen is not None and gen.finish_reason == "stop":
+            put = put_record(doc, text, self.embedder, self.policy.cache)  # masked text: the cache never holds PII
+            if put is not None:
+                side.append(SideRecord("control", f"cache:{doc.tenant_id or ''}".encode(), put))
+        unmasked = False
+        token = doc.masking.restore_token if doc.masking else None
+        if token and self.policy.unmask_for(doc.tenant_id):
+            try:
+                text = unmask(text, open_sealed(token, doc.request_id, self.keyring))
+                unmasked = True
+            except RestoreError:
+                resp = Response(request_id=doc.request_id, status=Status.error, error_class="unmask_failed",
+                                reason="the restore mapping does not open with this stack's keys",
+                                answered_by=self.name)
+                return Outcome.answer(doc, resp, self.evidence(doc, "error", "unmask_failed"))
+        usage = Usage(prompt_tokens=gen.tokens_in if gen else 0, completion_tokens=gen.tokens_out if gen else 0)
+        resp = Response(
+            request_id=doc.request_id, status=Status.ok, text=text, answered_by=self.name,
+            route=route.decision if route else None, model=(gen.model if gen else (route.model if route else None)),
+            adapter=route.adapter if route else None, placement=route.placement if route else None,
+            cache=cache.decision if cache else None, usage=usage,
+            ttft_ms=gen.ttft_ms if gen else None, tpot_ms=gen.tpot_ms if gen else None)
+        ev = self.evidence(doc, "answered", f"from_{source}",
+                           scores={"unmasked": float(unmasked), "written_back": float(bool(side))})
+        out = Outcome.answer(doc, resp, ev)
+        out.side = side
+        return out
+
+    async def process_batch(self, docs: list[RequestDoc]) -> list[Outcome | BaseException]:
+        def run() -> list[Outcome | BaseException]:
+            results: list[Outcome | BaseException] = []
+            for d in docs:
+                try:
+                    results.append(self.decide(d))
+                except Exception as exc:  # noqa: BLE001 - the runtime classifies it
+                    results.append(exc)
+            return results
+
+        return await asyncio.to_thread(run)

@@ -43,7 +43,7 @@ demo: install
 	@rm -rf $(DEMO_DIR)
 	$(LLMPIPE) up --detach --processes --data-dir $(DEMO_DIR) --config $(DEMO_CONFIG)
 	@trap '$(LLMPIPE) down --data-dir $(DEMO_DIR)' EXIT; \
-	  $(LLMPIPE) load --file examples/traffic.jsonl --rate 20 --data-dir $(DEMO_DIR) && \
+	  $(LLMPIPE) load --file examples/traffic.jsonl --rate 3 --data-dir $(DEMO_DIR) && \
 	  sleep 1.5 && \
 	  $(LLMPIPE) report --data-dir $(DEMO_DIR)
 

@@ -97,7 +97,7 @@ class Stage:
 
     async def process_batch(self, docs: list[RequestDoc]) -> list[Outcome | BaseException]:
         out: list[Outcome | BaseException] = []
-        for doc in docs:
+        for doc in docs:  # one at a time: override for batching or concurrency
             try:
                 out.append(await self.process(doc))
             except Exception as exc:  # noqa: BLE001 - the runtime classifies it
@@ -116,3 +116,26 @@ class Stage:
             attempt=doc.attempt,
             **fields,
         )
+
+
+def _decide_each(decide, docs: list[RequestDoc]) -> list[Outcome | BaseException]:
+    out: list[Outcome | BaseException] = []
+    for doc in docs:
+        try:
+            out.append(decide(doc))
+        except Exception as exc:  # noqa: BLE001 - the runtime classifies it
+            out.append(exc)
+    return out
+
+
+class ThreadedStage(Stage):
+    """A stage whose policy is a synchronous `decide(doc)` doing CPU work (regexes, models):
+    each micro-batch runs in a worker thread, off the event loop."""
+
+    def decide(self, doc: RequestDoc) -> Outcome:
+        raise NotImplementedError(f"{type(self).__name__}.decide")
+
+    async def process_batch(self, docs: list[RequestDoc]) -> list[Outcome | BaseException]:
+        import asyncio
+
+        return await asyncio.to_thread(_decide_each, self.decide, docs)

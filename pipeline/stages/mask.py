@@ -15,7 +15,7 @@ from pydantic import Field
 
 from pipeline.contracts import RequestDoc
 from pipeline.contracts.request import ChatMessage, MaskingSection
-from pipeline.runtime.stage import Outcome, Stage, StageContext
+from pipeline.runtime.stage import Outcome, StageContext, ThreadedStage
 from pipeline.stages.masker import Masker, MaskPolicy, MaskResult
 from pipeline.stages.restore_mapping import Keyring, keyring_for, seal
 
@@ -46,7 +46,7 @@ def mask_document(doc: RequestDoc, masker: Masker, keyring: Keyring) -> tuple[Re
     return doc.model_copy(update={"body": body, "masking": section}), result
 
 
-class MaskStage(Stage):
+class MaskStage(ThreadedStage):
     max_batch = 16
     max_wait_ms = 2
 
@@ -78,15 +78,3 @@ class MaskStage(Stage):
                            scores={f"entities.{k}": float(v) for k, v in sorted(result.counts.items())},
                            revisions={"mask_engine": masker.revision})
         return Outcome.forward(masked, ev)
-
-    async def process_batch(self, docs: list[RequestDoc]) -> list[Outcome | BaseException]:
-        def run() -> list[Outcome | BaseException]:  # CPU work, off the event loop
-            out: list[Outcome | BaseException] = []
-            for doc in docs:
-                try:
-                    out.append(self.decide(doc))
-                except Exception as exc:  # noqa: BLE001 - the runtime classifies it
-                    out.append(exc)
-            return out
-
-        return await asyncio.to_thread(run)

@@ -5,14 +5,13 @@ applies), and answers the caller; the runtime writes the finished-request row fr
 
 from __future__ import annotations
 
-import asyncio
 
 from pydantic import BaseModel, Field
 
 from pipeline.contracts import RequestDoc, Response, Status
 from pipeline.contracts.response import Usage
 from pipeline.engines.embedder import Embedder, ready_shared_embedder
-from pipeline.runtime.stage import Outcome, SideRecord, Stage, StageContext
+from pipeline.runtime.stage import Outcome, SideRecord, StageContext, ThreadedStage
 from pipeline.stages.cache_policy import CachePolicy
 from pipeline.stages.restore_mapping import RestoreError, keyring_for, open_sealed, unmask
 from pipeline.stages.semantic_cache import put_record
@@ -29,7 +28,7 @@ class PostprocessPolicy(BaseModel):
         return self.tenant_unmask.get(tenant or "", self.unmask)
 
 
-class PostprocessStage(Stage):
+class PostprocessStage(ThreadedStage):
     max_batch = 16
     max_wait_ms = 2
 
@@ -86,15 +85,3 @@ class PostprocessStage(Stage):
         out = Outcome.answer(doc, resp, ev)
         out.side = side
         return out
-
-    async def process_batch(self, docs: list[RequestDoc]) -> list[Outcome | BaseException]:
-        def run() -> list[Outcome | BaseException]:
-            results: list[Outcome | BaseException] = []
-            for d in docs:
-                try:
-                    results.append(self.decide(d))
-                except Exception as exc:  # noqa: BLE001 - the runtime classifies it
-                    results.append(exc)
-            return results
-
-        return await asyncio.to_thread(run)

@@ -70,17 +70,19 @@ class Stage:
     #: micro-batching: up to max_batch records, waiting at most max_wait_ms for the batch to fill
     max_batch: ClassVar[int] = 1
     max_wait_ms: ClassVar[int] = 0
-    #: replayed records are re-decided even though their deadline has long passed
     input_model: ClassVar[type[RequestDoc]] = RequestDoc
+    #: the stage's typed policy: `self.policy` is validated from the StageSpec's policy mapping
+    policy_model: ClassVar[type[BaseModel] | None] = None
 
     def __init__(self, ctx: StageContext) -> None:
         self.ctx = ctx
         self.name = ctx.name
+        self.policy: Any = self.policy_model.model_validate(ctx.policy) if self.policy_model else ctx.policy
 
     @property
     def policy_version(self) -> str:
-        """Explicit `policy.version`, else a digest of the policy: two policies never share a version."""
-        explicit = self.ctx.policy.get("version")
+        """The policy's `version` (its default included), else a digest of the policy mapping."""
+        explicit = getattr(self.policy, "version", None) or self.ctx.policy.get("version")
         if explicit:
             return str(explicit)
         digest = hashlib.sha256(orjson.dumps(self.ctx.policy, option=orjson.OPT_SORT_KEYS)).hexdigest()

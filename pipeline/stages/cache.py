@@ -29,19 +29,15 @@ def index_spec(ctx: StageContext) -> str:
 class CacheStage(Stage):
     max_batch = 16
     max_wait_ms = 3
+    policy_model = CachePolicy
 
     def __init__(self, ctx: StageContext) -> None:
         super().__init__(ctx)
-        self.policy = CachePolicy.model_validate(ctx.policy)
         self.cache: SemanticCache | None = None
         self.follower: ControlFollower | None = None
         from pipeline.runtime.topology import PRODUCT_STAGES
 
         self.topology_names = [s.name for s in ctx.settings.stages] or list(PRODUCT_STAGES)
-
-    @property
-    def policy_version(self) -> str:
-        return self.policy.version
 
     async def start(self) -> None:
         embedder = await ready_shared_embedder()

@@ -49,15 +49,11 @@ def section_from(g: Generation, policy: GeneratePolicy) -> GenerationSection:
 class GenerateStage(Stage):
     max_batch = 16
     max_wait_ms = 5
+    policy_model = GeneratePolicy
 
     def __init__(self, ctx: StageContext) -> None:
         super().__init__(ctx)
-        self.policy = GeneratePolicy.model_validate(ctx.policy)
         self.engine: VllmEngine | None = None
-
-    @property
-    def policy_version(self) -> str:
-        return self.policy.version
 
     async def start(self) -> None:
         s = self.ctx.settings

@@ -49,16 +49,12 @@ def mask_document(doc: RequestDoc, masker: Masker, keyring: Keyring) -> tuple[Re
 class MaskStage(ThreadedStage):
     max_batch = 16
     max_wait_ms = 2
+    policy_model = MaskStagePolicy
 
     def __init__(self, ctx: StageContext) -> None:
         super().__init__(ctx)
-        self.policy = MaskStagePolicy.model_validate(ctx.policy)
         self.keyring = keyring_for(ctx.settings)
         self._maskers: dict[str, Masker] = {}
-
-    @property
-    def policy_version(self) -> str:
-        return self.policy.version
 
     def masker_for(self, tenant: str | None) -> Masker:
         key = tenant if tenant in self.policy.tenants else ""

@@ -31,16 +31,12 @@ class PostprocessPolicy(BaseModel):
 class PostprocessStage(ThreadedStage):
     max_batch = 16
     max_wait_ms = 2
+    policy_model = PostprocessPolicy
 
     def __init__(self, ctx: StageContext) -> None:
         super().__init__(ctx)
-        self.policy = PostprocessPolicy.model_validate(ctx.policy)
         self.keyring = keyring_for(ctx.settings)
         self.embedder: Embedder | None = None  # for write-backs; the index itself is the cache stage's
-
-    @property
-    def policy_version(self) -> str:
-        return self.policy.version
 
     async def start(self) -> None:
         if self.policy.write_back:

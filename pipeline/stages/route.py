@@ -53,15 +53,11 @@ class Router:
 class RouteStage(Stage):
     max_batch = 16
     max_wait_ms = 3
+    policy_model = RoutePolicy
 
     def __init__(self, ctx: StageContext) -> None:
         super().__init__(ctx)
-        self.policy = RoutePolicy.model_validate(ctx.policy)
         self.router: Router | None = None
-
-    @property
-    def policy_version(self) -> str:
-        return self.policy.version
 
     async def start(self) -> None:
         embedder = await ready_shared_embedder()

@@ -131,7 +131,8 @@ def cpu_by_owner(before: dict[int, tuple[int, int]], after: dict[int, tuple[int,
 
 async def engine_mode(data_dir: Path, prompts: list[str], warmup: list[str], max_tokens: int) -> dict[str, Any]:
     from pipeline.engines.model_prep import prepare
-    from pipeline.engines.vllm_engine import Sampling, VllmEngine
+    from pipeline.engines.chat_engine import Sampling
+    from pipeline.engines.vllm_engine import VllmEngine
     from pipeline.settings import load_settings
 
     es = load_settings().engine  # the engine settings the stack's generate stage uses

@@ -555,6 +555,39 @@ def models_prepare(dtype: Annotated[str, typer.Option(help="bfloat16 | float32")
         out.print(f"{'reused' if info.reused else 'prepared'} {info.revision} at {info.path}")
 
 
+@models_app.command("serve")
+@command
+def models_serve(port: Annotated[int, typer.Option(help="listen port (127.0.0.1)")] = 8000,
+                 data_dir: DataDir = Path(".llmpipe"), config: ConfigFile = None, bootstrap: Bootstrap = None) -> None:
+    """Serve the prepared model as an OpenAI-compatible deployment (vLLM) until Ctrl-C: point a
+    deployment with `engine: openai` and `base_url: http://127.0.0.1:PORT/v1` at it."""
+    import time
+
+    from pipeline.engines.model_prep import ModelPrepError, prepare
+    from pipeline.engines.vllm_server import VllmServer
+
+    s = _settings(data_dir, config, bootstrap)
+    try:
+        info = prepare(s.resolved_data_dir(), s.engine.dtype)
+    except ModelPrepError as exc:
+        raise CliError(str(exc)) from None
+    d = s.resolved_data_dir()
+    server = VllmServer(Path(info.path), port=port, cache_dir=d / "cache", log_path=d / "logs" / f"vllm-{port}.log",
+                        dtype=s.engine.dtype, max_model_len=s.engine.max_model_len, max_num_seqs=s.engine.max_num_seqs)
+    with out.status(f"starting vLLM on port {port} (log: {server.log_path})"):
+        try:
+            server.start()
+        except (RuntimeError, TimeoutError) as exc:
+            raise CliError(str(exc)) from None
+    out.print(f"serving {info.revision} at {server.base_url} (Ctrl-C stops)")
+    try:
+        while server.proc is not None and server.proc.poll() is None:
+            time.sleep(1)
+        raise CliError(f"the server exited; see {server.log_path}")
+    except KeyboardInterrupt:
+        server.stop()
+
+
 # ---- engineers ---------------------------------------------------------------------------------
 
 

@@ -203,7 +203,7 @@ async def _partitions(consumer: AIOKafkaConsumer, topic: str) -> set[int]:
 def _diff(report: ReplayReport, decisions: list[Evidence], query: Callable[[str, dict[str, Any]], QueryResult]) -> None:
     """Compare every replayed row with the original row of the same (request_id, attempt, stage);
     a stage may write several rows (route writes `route` and `route.placement`)."""
-    replayed = {(e.request_id, e.attempt, e.stage): e for e in decisions}
+    replayed = {(e.request_id, e.attempt, e.stage): e for e in decisions if e.step == 0}
     if not replayed:
         return
     ids = sorted({rid for rid, _, _ in replayed})
@@ -212,7 +212,7 @@ def _diff(report: ReplayReport, decisions: list[Evidence], query: Callable[[str,
     for chunk in range(0, len(ids), 1000):
         res = query(
             "SELECT request_id, attempt, stage, decision, reason FROM decisions FINAL "
-            "WHERE stage IN {stages:Array(String)} AND replay_id = '' AND request_id IN {ids:Array(String)}",
+            "WHERE stage IN {stages:Array(String)} AND replay_id = '' AND step = 0 AND request_id IN {ids:Array(String)}",
             {"stages": stages, "ids": ids[chunk:chunk + 1000]},
         )
         for rid, attempt, stage, decision, reason in res.rows:

@@ -78,6 +78,36 @@ class EngineSettings(BaseModel):
     max_num_seqs: int = 16
 
 
+class Deployment(BaseModel):
+    """A place generate can send a request: an engine serving a model, with what it can do and costs."""
+
+    name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
+    engine: Literal["vllm", "openai"] = "vllm"
+    model: str = "smollm2-135m-instruct"
+    revision: str = Field("", description="model revision; vllm: derived from the prepared model when empty")
+    base_url: str | None = Field(None, description="openai engine: the server's /v1 base URL")
+    model_dir: Path | None = Field(None, description="vllm engine: default = the prepared SmolLM2 in DATA_DIR")
+    max_context: int = Field(2048, ge=16)
+    images: bool = False
+    json_schema: bool = False
+    tools: bool = False
+    region: str = "local"
+    cost_per_1k_input: float = Field(0.0, ge=0)
+    cost_per_1k_output: float = Field(0.0, ge=0)
+    api_key_env: str | None = Field(None, description="openai engine: environment variable holding its API key")
+    concurrency: int = Field(16, ge=1, description="max requests in flight to this deployment per worker")
+
+    @model_validator(mode="after")
+    def _engine_fields(self) -> "Deployment":
+        if self.engine == "openai" and not self.base_url:
+            raise ValueError(f"deployment {self.name}: the openai engine needs base_url")
+        return self
+
+
+def default_deployments() -> list[Deployment]:
+    return [Deployment(name="local-vllm", engine="vllm", json_schema=True)]
+
+
 class SecretSettings(BaseModel):
     """Secrets come from the environment or a secret-mounted file, never from logs or topics."""
 
@@ -95,6 +125,7 @@ class StageSpec(BaseModel):
     # Free-form policy settings handed to the stage (thresholds, versions, ...).
     policy: dict[str, Any] = Field(default_factory=dict)
     runtime: dict[str, Any] = Field(default_factory=dict, description="RuntimeSettings overrides")
+    consumer: dict[str, Any] = Field(default_factory=dict, description="ConsumerSettings overrides (e.g. fetch_max_wait_ms)")
 
     model_config = {"populate_by_name": True}
 
@@ -123,6 +154,7 @@ class Settings(BaseSettings):
     sink: SinkSettings = SinkSettings()
     secrets: SecretSettings = SecretSettings()
     engine: EngineSettings = EngineSettings()
+    deployments: list[Deployment] = Field(default_factory=default_deployments)
     log_level: str = "INFO"
 
     @classmethod
@@ -148,6 +180,13 @@ class Settings(BaseSettings):
     def resolved_warehouse_dsn(self) -> str:
         return self.warehouse_dsn or f"chdb://{self.resolved_data_dir() / 'warehouse'}"
 
+    @model_validator(mode="after")
+    def _unique_deployments(self) -> "Settings":
+        names = [d.name for d in self.deployments]
+        if len(names) != len(set(names)):
+            raise ValueError(f"deployment names must be unique: {names}")
+        return self
+
     def stage(self, name: str) -> StageSpec:
         for spec in self.stages:
             if spec.name == name:
@@ -159,6 +198,11 @@ class Settings(BaseSettings):
         if not spec.runtime:
             return self.runtime
         return RuntimeSettings.model_validate({**self.runtime.model_dump(), **spec.runtime})
+
+    def consumer_for(self, spec: StageSpec) -> ConsumerSettings:
+        if not spec.consumer:
+            return self.consumer
+        return ConsumerSettings.model_validate({**self.consumer.model_dump(), **spec.consumer})
 
 
 def load_settings(config: Path | None = None, **overrides: Any) -> Settings:

@@ -36,6 +36,14 @@ async def broker(tmp_path_factory: pytest.TempPathFactory) -> EmbeddedBroker:
     b.stop()
 
 
+@pytest.fixture(scope="session")
+def prepared_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """SmolLM2 prepared once per session from the packaged GGUF (what `llmpipe models prepare` does)."""
+    from pipeline.engines.model_prep import prepare
+
+    return Path(prepare(tmp_path_factory.mktemp("models")).path)
+
+
 @pytest.fixture
 def prefix() -> str:
     return f"t{uuid.uuid4().hex[:10]}."

@@ -87,3 +87,82 @@ def test_old_failures_leave_the_window():
     for t in (0, 600, 1_300, 2_000):
         b = breaker_record(b, ok=False, now_ms=t, p=p)
     assert b.state == "closed" and len(b.failures) == 2
+
+
+# ---- generate's use of the policy (no engine, no broker) ---------------------------------------
+
+def _generate_stage(**policy):
+    from pipeline.runtime.stage import StageContext
+    from pipeline.settings import Settings, StageSpec
+    from pipeline.stages.generate import GenerateStage
+
+    s = Settings(stages=[StageSpec(name="generate", policy=policy)],
+                 deployments=[{"name": "local-vllm"}, {"name": "remote", "engine": "openai", "base_url": "http://x/v1"}])
+    return GenerateStage(StageContext(spec=s.stage("generate"), settings=s, runtime=s.runtime))
+
+
+def test_breaker_updates_from_other_workers_are_adopted_and_own_echoes_ignored():
+    from pipeline.contracts import BreakerUpdate
+
+    st = _generate_stage()
+    st.apply_control(BreakerUpdate(deployment="remote", state="open", opened_ms=1000, worker="other"))
+    assert st.breakers["remote"].state == "open" and st.breakers["remote"].opened_ms == 1000
+    # another worker probing: this one counts it as open from the probe's time, so it does not probe too
+    st.apply_control(BreakerUpdate(deployment="remote", state="half_open", opened_ms=1000, worker="other", at_ms=5000))
+    assert st.breakers["remote"].state == "open" and st.breakers["remote"].opened_ms == 5000
+    st.apply_control(BreakerUpdate(deployment="remote", state="closed", worker=st.member))
+    assert st.breakers["remote"].state == "open", "its own update is already applied locally"
+    st.apply_control(BreakerUpdate(deployment="remote", state="closed", worker="other"))
+    assert st.breakers["remote"].state == "closed"
+    st.apply_control(BreakerUpdate(deployment="unknown", state="open", worker="other"))
+    assert "unknown" not in st.breakers
+
+
+def test_needs_and_sampling_follow_the_request():
+    from pipeline.contracts.request import ChatBody, ChatMessage, RequestContext, ResponseFormat
+    from pipeline.contracts import RequestDoc
+    from pipeline.stages.generate import needs_for, sampling_for
+
+    st = _generate_stage(default_max_tokens=64, max_tokens_cap=100)
+    rf = ResponseFormat.model_validate({"type": "json_schema", "json_schema": {"schema": {"type": "object"}}})
+    doc = RequestDoc(request_id="r", body=ChatBody(messages=[ChatMessage(role="user", content="hi")], max_tokens=500,
+                                                   response_format=rf, images=["https://x/y.png"]),
+                     context=RequestContext(residency=["kr"], max_cost_usd=0.01))
+    s = sampling_for(doc, st.policy)
+    assert s.max_tokens == 100 and s.json_schema == {"type": "object"} and s.temperature == 0.0
+    n = needs_for(doc, 30, s)
+    assert n.context_tokens == 30 and n.expected_output_tokens == 100 and n.images and n.json_schema
+    assert n.regions == frozenset({"kr"}) and n.max_cost_usd == 0.01
+    plain = RequestDoc(request_id="r2", body=ChatBody(messages=[ChatMessage(role="user", content="hi")]))
+    assert sampling_for(plain, st.policy).max_tokens == 64 and sampling_for(plain, st.policy).json_schema is None
+
+
+def test_http_failures_map_to_retryable_or_not():
+    from pipeline.engines.openai_engine import _status_class
+    from pipeline.stages.deployments import NON_RETRYABLE, RETRYABLE
+
+    cases = {(400, "max_tokens=5000 cannot be greater than max_model_len=2048"): "context_too_long",
+             (400, "bad field"): "invalid_request", (401, ""): "unauthorized", (429, ""): "overloaded",
+             (503, ""): "overloaded", (500, ""): "server_error", (404, "model not found"): "invalid_request"}
+    for (status, msg), want in cases.items():
+        got = _status_class(status, msg)
+        assert got == want, (status, msg, got)
+        assert got in RETRYABLE | NON_RETRYABLE
+
+
+def test_example_configs_validate_with_their_stage_policies(monkeypatch):
+    from pathlib import Path
+
+    from pipeline.runtime.topology import Topology
+    from pipeline.settings import load_settings
+
+    monkeypatch.delenv("LLMPIPE_CONFIG", raising=False)  # load_settings sets it; undone after the test
+    root = Path(__file__).resolve().parents[1]
+    for path in sorted((root / "examples").glob("*.yaml")):
+        s = load_settings(path)
+        topo = Topology(s)
+        for spec in s.stages:
+            cls = topo.stage_class(spec.name)
+            if cls.policy_model is not None:
+                cls.policy_model.model_validate(spec.policy)
+        assert s.deployments, path

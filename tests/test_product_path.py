@@ -3,6 +3,7 @@ mask → cache → route → generate (vLLM) → postprocess, driven by `llmpipe
 
 from __future__ import annotations
 
+import json
 import time
 
 import pytest
@@ -45,5 +46,75 @@ def test_submit_answers_paris_then_the_cache_serves_the_repeat(tmp_path):
         assert {"mask", "cache", "route", "route.placement", "generate", "postprocess"} <= stages
         dump = llmpipe("sql", "SELECT * FROM decisions", "--format", "json", data_dir=tmp_path).stdout
         assert "jane.doe@example.com" not in dump
+        load_all_kinds_and_check_every_answer_and_row(tmp_path)
     finally:
         assert llmpipe("down", data_dir=tmp_path, timeout=180).returncode == 0
+
+
+def mixed_traffic(n: int = 200) -> list[dict]:
+    """Plain questions, repeats (cache), PII, Korean, conversations, JSON-schema output, logprobs."""
+    schema = {"type": "object", "properties": {"answer": {"type": "string", "maxLength": 40}}, "required": ["answer"],
+              "additionalProperties": False}
+    lines: list[dict] = []
+    for i in range(n):
+        kind = i % 8
+        if kind == 0:
+            msgs = [{"role": "user", "content": f"Name one animal that starts with letter {chr(65 + i % 26)} ({i})."}]
+        elif kind == 1:
+            msgs = [{"role": "user", "content": "What are your opening hours?"}]  # repeats: cache candidates
+        elif kind == 2:
+            msgs = [{"role": "user", "content": f"My email is user{i}@example.com, please confirm you got it."}]
+        elif kind == 3:
+            msgs = [{"role": "user", "content": f"김민수 고객님 주문 {i}번 배송 상태를 알려주세요."}]
+        elif kind == 4:
+            msgs = [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello!"},
+                    {"role": "user", "content": f"Count to {i % 5 + 2}."}]
+        elif kind == 5:  # every other one is cut short by max_tokens: truncated JSON is an error, not repaired
+            lines.append({"messages": [{"role": "user", "content": f"Reply in JSON with a short answer ({i})."}],
+                          "max_tokens": 6 if i % 16 == 5 else 60,
+                          "response_format": {"type": "json_schema", "json_schema": {"name": "a", "schema": schema}}})
+            continue
+        elif kind == 6:
+            lines.append({"messages": [{"role": "user", "content": f"Say a number ({i})."}], "max_tokens": 6,
+                          "logprobs": True, "seed": i, "temperature": 0.7})
+            continue
+        else:
+            msgs = [{"role": "user", "content": f"Summarise the word 'tree{i}' in three words."}]
+        lines.append({"messages": msgs, "max_tokens": 12})
+    return lines
+
+
+def load_all_kinds_and_check_every_answer_and_row(tmp_path) -> None:
+    traffic = tmp_path / "mixed.jsonl"
+    traffic.write_text("".join(json.dumps(line, ensure_ascii=False) + "\n" for line in mixed_traffic()))
+    t0_ms = int(time.time() * 1000)
+    res = llmpipe("load", "--file", str(traffic), "--json", data_dir=tmp_path, timeout=900)
+    assert res.returncode == 0, res.stderr
+    summary = last_json(res)
+    assert summary["sent"] == 200 and sum(summary["by_status"].values()) == 200, summary
+    truncated = sum(1 for i in range(200) if i % 16 == 5)
+    assert summary["by_status"] == {"ok": 200 - truncated, "error": truncated}, summary
+    assert summary["by_error_class"] == {"schema_invalid": truncated}, summary
+    where = f"created >= fromUnixTimestamp64Milli(toInt64({t0_ms}))"
+    deadline = time.monotonic() + 120
+    while True:  # the sink flushes in batches
+        rows = last_json(llmpipe("sql", f"SELECT count() AS n, uniqExact(request_id) AS u FROM requests FINAL "
+                                        f"WHERE {where}", "--format", "json", data_dir=tmp_path))
+        if rows[0]["u"] >= 200 or time.monotonic() > deadline:
+            break
+        time.sleep(2)
+    assert rows[0]["n"] == rows[0]["u"] == 200, rows
+    # every stage a request passed (its timings) left a decision row for it
+    passed = last_json(llmpipe("sql", f"""
+        SELECT r.request_id AS id, mapKeys(r.stage_service_ms) AS passed, groupUniqArray(d.stage) AS decided
+        FROM (SELECT * FROM requests FINAL WHERE {where}) AS r
+        LEFT JOIN (SELECT request_id, stage FROM decisions FINAL WHERE step = 0) AS d ON d.request_id = r.request_id
+        GROUP BY id, passed""", "--format", "json", data_dir=tmp_path))
+    assert len(passed) == 200
+    missing = [(r["id"], sorted(set(r["passed"]) - set(r["decided"]))) for r in passed
+               if not set(r["passed"]) <= set(r["decided"])]
+    assert not missing, missing[:5]
+    assert all({"mask", "cache", "route"} <= set(r["passed"]) for r in passed)
+    for table in ("decisions", "requests"):
+        dump = llmpipe("sql", f"SELECT * FROM {table}", "--format", "json", data_dir=tmp_path).stdout
+        assert "@example.com" not in dump and "김민수" not in dump, f"PII in {table}"

@@ -69,6 +69,13 @@ def test_stage_runtime_overrides_are_validated():
         bad.runtime_for(bad.stage("a"))
 
 
+def test_stage_consumer_overrides_change_only_that_stage():
+    s = Settings(stages=[StageSpec(name="a", consumer={"fetch_max_wait_ms": 50}), StageSpec(name="b")])
+    assert s.consumer_for(s.stage("a")).fetch_max_wait_ms == 50
+    assert s.consumer_for(s.stage("a")).session_timeout_ms == s.consumer.session_timeout_ms
+    assert s.consumer_for(s.stage("b")).fetch_max_wait_ms == s.consumer.fetch_max_wait_ms == 5
+
+
 def test_keys_follow_the_registry_rule():
     s = Settings(stages=[StageSpec(name=n) for n in ("route", "admit", "custom")])
     topo = Topology(s)

@@ -12,7 +12,8 @@ import pytest
 import pytest_asyncio
 
 from pipeline.engines.model_prep import model_dir
-from pipeline.engines.vllm_engine import Sampling, VllmEngine
+from pipeline.engines.chat_engine import Sampling
+from pipeline.engines.vllm_engine import VllmEngine
 from tests.conftest import ROOT
 
 pytestmark = [pytest.mark.integration]

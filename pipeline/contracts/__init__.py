@@ -1,6 +1,7 @@
 """Wire contracts: every value on a topic is one of these pydantic models, with a `schema` tag."""
 
-from pipeline.contracts.control import CacheInvalidate, CachePut, ControlRecord, Marker
+from pipeline.contracts.admit import AdmitRelease
+from pipeline.contracts.control import BreakerUpdate, CacheInvalidate, CachePut, ControlRecord, Marker
 from pipeline.contracts.dlq import DlqRecord
 from pipeline.contracts.evidence import Evidence
 from pipeline.contracts.request import ChatMessage, ReplyTo, RequestDoc, StageTiming
@@ -15,9 +16,12 @@ WIRE_MODELS = {
     "rollout": Rollout,
     "dlq": DlqRecord,
     "control": ControlRecord,
+    "admit_release": AdmitRelease,
 }
 
 __all__ = [
+    "AdmitRelease",
+    "BreakerUpdate",
     "CacheInvalidate",
     "CachePut",
     "ControlRecord",

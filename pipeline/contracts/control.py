@@ -1,6 +1,7 @@
-"""Records on the `control` topic: cache write-backs and invalidations (and, later, policy
-versions and the adapter registry). Every cache worker follows the whole topic, so each keeps a
-complete index replica and applies invalidations in order."""
+"""Records on the `control` topic: cache write-backs and invalidations, circuit-breaker states (and,
+later, policy versions and the adapter registry). Every cache worker follows the whole topic, so
+each keeps a complete index replica and applies invalidations in order; generate workers follow it
+for breaker states."""
 
 from __future__ import annotations
 
@@ -33,6 +34,20 @@ class CacheInvalidate(WireModel):
     at_ms: int = Field(default_factory=now_ms)
 
 
+class BreakerUpdate(WireModel):
+    """A generate worker's circuit breaker for a deployment changed state; every generate worker
+    follows `control` and adopts it, so one worker's discovery spares the others the failures."""
+
+    schema_: Literal["control/v1"] = Field(CONTROL_SCHEMA, alias="schema")
+    kind: Literal["breaker"] = "breaker"
+    deployment: str
+    state: Literal["closed", "open", "half_open"]
+    opened_ms: int = 0
+    worker: str = ""
+    reason: str = ""
+    at_ms: int = Field(default_factory=now_ms)
+
+
 class Marker(WireModel):
     """Written by a follower to learn it has caught up (end offsets are unreliable on Tansu)."""
 
@@ -41,5 +56,5 @@ class Marker(WireModel):
     marker_id: str
 
 
-class ControlRecord(RootModel[Annotated[Union[CachePut, CacheInvalidate, Marker], Field(discriminator="kind")]]):
+class ControlRecord(RootModel[Annotated[Union[CachePut, CacheInvalidate, BreakerUpdate, Marker], Field(discriminator="kind")]]):
     pass

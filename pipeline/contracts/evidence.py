@@ -23,6 +23,8 @@ class Evidence(WireModel):
     scores: dict[str, float] = Field(default_factory=dict)
     candidates: list[str] = Field(default_factory=list)
     attempt: int = 0
+    step: int = Field(0, ge=0, description="numbers several decisions of one stage for one request attempt "
+                                           "(generate: 1, 2, ... per engine attempt; 0 = the final decision)")
     # stamped by the runtime, not by the stage
     worker: str = ""
     partition: int = -1

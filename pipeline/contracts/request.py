@@ -27,6 +27,19 @@ class ChatMessage(WireModel):
     content: str
 
 
+class JsonSchemaFormat(WireModel):
+    name: str = Field("output", max_length=64)
+    schema_: dict[str, Any] = Field(alias="schema", description="the JSON Schema the answer must satisfy")
+    strict: bool = True
+
+
+class ResponseFormat(WireModel):
+    """OpenAI's response_format: free text, or an answer that must satisfy a JSON Schema."""
+
+    type: Literal["text", "json_schema"] = "text"
+    json_schema: JsonSchemaFormat | None = None
+
+
 class ChatBody(WireModel):
     """The caller's ask, in OpenAI chat-completions terms."""
 
@@ -38,6 +51,11 @@ class ChatBody(WireModel):
     seed: int | None = None
     images: list[str] = Field(default_factory=list, description="image URLs (fetched by media)")
     logprobs: bool = Field(False, description="return one logprob per generated token")
+    response_format: ResponseFormat | None = None
+
+    def output_schema(self) -> dict[str, Any] | None:
+        rf = self.response_format
+        return rf.json_schema.schema_ if rf is not None and rf.type == "json_schema" and rf.json_schema else None
 
 
 class Section(BaseModel):
@@ -60,6 +78,8 @@ class RequestContext(WireModel):
     personalised: bool = False
     tool_side_effects: bool = False
     volatile: bool = Field(False, description="depends on live data (balances, delivery status)")
+    residency: list[str] | None = Field(None, description="regions allowed to process the request (None: any)")
+    max_cost_usd: float | None = Field(None, ge=0, description="refuse deployments whose estimated cost is higher")
 
 
 class CacheSection(WireModel):
@@ -119,7 +139,9 @@ class GenerationSection(WireModel):
     tpot_ms: float | None = None
     itl_p50_ms: float | None = None
     itl_max_ms: float | None = None
-    attempts: int = 1
+    attempts: int = Field(1, description="engine attempts, across retries and fallbacks")
+    fallback_from: list[str] = Field(default_factory=list, description="deployments tried before this one")
+    cost_usd: float = 0.0
 
 
 class MaskingSection(WireModel):

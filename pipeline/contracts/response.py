@@ -40,10 +40,13 @@ class Response(WireModel):
     answered_by: str = Field(description="stage that produced this answer")
     route: str | None = None
     model: str | None = None
+    deployment: str | None = Field(None, description="the deployment that generated the answer")
     adapter: str | None = None
     placement: str | None = None
     cache: str | None = Field(None, description="hit | miss | bypass")
     usage: Usage = Usage()
+    token_ids: list[int] | None = Field(None, description="generated token ids, when logprobs were asked for")
+    logprobs: list[float] | None = Field(None, description="one logprob per generated token, when asked for")
     cost_usd: float = 0.0
     ttft_ms: float | None = None
     tpot_ms: float | None = None

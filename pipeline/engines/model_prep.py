@@ -105,3 +105,14 @@ def prepare(data_dir: Path, dtype: str = "bfloat16") -> PreparedModel:
     del model
     _ = time.monotonic() - t0
     return info
+
+
+def resolve(data_dir: Path, configured_dir: Path | None, dtype: str = "bfloat16") -> tuple[Path, str]:
+    """The model directory and revision a stage serves: a configured directory as it is (its
+    PREPARED.json names the revision when it has one), else the model prepared in the data dir."""
+    if configured_dir is not None:
+        d = Path(configured_dir)
+        info = load_prepared(d)
+        return d, info.revision if info is not None else f"{d.name}@unverified"
+    info = prepare(data_dir, dtype)
+    return Path(info.path), info.revision

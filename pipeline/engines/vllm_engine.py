@@ -10,35 +10,9 @@ from __future__ import annotations
 import os
 import time
 import uuid
-from dataclasses import dataclass, field
 from pathlib import Path
 
-
-@dataclass
-class Sampling:
-    max_tokens: int = 256
-    temperature: float = 0.0
-    top_p: float = 1.0
-    seed: int | None = None
-    logprobs: bool = False
-
-
-@dataclass
-class Generation:
-    text: str
-    prompt_token_ids: list[int]
-    token_ids: list[int]
-    logprobs: list[float] | None
-    finish_reason: str
-    ttft_ms: float
-    itl_ms: list[float] = field(default_factory=list)  # inter-token latencies (per streamed chunk)
-    e2e_ms: float = 0.0
-    model_revision: str = ""
-
-    @property
-    def tpot_ms(self) -> float | None:
-        n = len(self.token_ids)
-        return None if n < 2 else (self.e2e_ms - self.ttft_ms) / (n - 1)
+from pipeline.engines.chat_engine import EngineError, Generation, Sampling, chat_prompt_ids
 
 
 def configure_cpu_env(cache_dir: Path) -> None:
@@ -87,34 +61,45 @@ class VllmEngine:
 
     def prompt_ids(self, messages: list[dict[str, str]]) -> list[int]:
         assert self.tokenizer is not None, "start() first"
-        enc = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
-        ids = enc["input_ids"] if hasattr(enc, "keys") else enc
-        return [int(i) for i in ids]
+        return chat_prompt_ids(self.tokenizer, messages)
 
     async def generate(self, messages: list[dict[str, str]], sampling: Sampling,
                        request_id: str | None = None) -> Generation:
         from vllm import SamplingParams, TokensPrompt
+        from vllm.sampling_params import StructuredOutputsParams
+        from vllm.v1.engine.exceptions import EngineDeadError
 
-        assert self.engine is not None, "start() first"
+        if self.engine is None:
+            raise EngineError("engine_dead", "the engine is not running")
         ids = self.prompt_ids(messages)
-        params = SamplingParams(max_tokens=sampling.max_tokens, temperature=sampling.temperature,
-                                top_p=sampling.top_p, seed=sampling.seed, logprobs=1 if sampling.logprobs else None)
+        if len(ids) >= self.max_model_len:
+            raise EngineError("context_too_long", f"prompt of {len(ids)} tokens >= context {self.max_model_len}")
+        structured = StructuredOutputsParams(json=sampling.json_schema) if sampling.json_schema is not None else None
+        params = SamplingParams(max_tokens=min(sampling.max_tokens, self.max_model_len - len(ids)),
+                                temperature=sampling.temperature, top_p=sampling.top_p, seed=sampling.seed,
+                                logprobs=1 if sampling.logprobs else None, structured_outputs=structured)
         (prompt,) = await self.engine.renderer.render_cmpl_async([TokensPrompt(prompt_token_ids=ids)])
         t0 = time.perf_counter()
         first: float | None = None
         last = t0
         itl: list[float] = []
         final = None
-        async for out in self.engine.generate(prompt, params, request_id=request_id or uuid.uuid4().hex):
-            now = time.perf_counter()
-            if out.outputs and out.outputs[0].token_ids:
-                if first is None:
-                    first = now
-                else:
-                    itl.append((now - last) * 1000)
-                last = now
-            final = out
-        assert final is not None
+        try:
+            async for out in self.engine.generate(prompt, params, request_id=request_id or uuid.uuid4().hex):
+                now = time.perf_counter()
+                if out.outputs and out.outputs[0].token_ids:
+                    if first is None:
+                        first = now
+                    else:
+                        itl.append((now - last) * 1000)
+                    last = now
+                final = out
+        except EngineDeadError as exc:
+            raise EngineError("engine_dead", f"vLLM engine died: {exc}") from exc
+        except ValueError as exc:  # vLLM's validation of the request
+            raise EngineError("invalid_request", str(exc)) from exc
+        if final is None:
+            raise EngineError("server_error", "the engine returned no output")
         c = final.outputs[0]
         logprobs = None
         if sampling.logprobs and c.logprobs is not None:

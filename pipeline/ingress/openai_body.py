@@ -4,7 +4,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from pipeline.contracts.request import ChatBody, ChatMessage
+from pydantic import ValidationError
+
+from pipeline.contracts.request import ChatBody, ChatMessage, ResponseFormat
 
 
 class BodyError(ValueError):
@@ -29,6 +31,22 @@ def _content(content: Any, images: list[str]) -> str:
     raise BodyError("message content must be a string or a list of content parts")
 
 
+def response_format(value: Any) -> ResponseFormat | None:
+    """OpenAI's response_format; `json_object` is the JSON Schema {"type": "object"}."""
+    if value is None:
+        return None
+    if isinstance(value, dict) and value.get("type") == "json_object":
+        return ResponseFormat.model_validate({"type": "json_schema", "json_schema": {"name": "json_object",
+                                                                                     "schema": {"type": "object"}}})
+    try:
+        rf = ResponseFormat.model_validate(value)
+    except ValidationError as exc:
+        raise BodyError(f"invalid response_format: {exc.errors()[0]['msg']}") from None
+    if rf.type == "json_schema" and rf.json_schema is None:
+        raise BodyError("response_format of type json_schema needs a `json_schema` object")
+    return rf
+
+
 def chat_body(body: dict[str, Any]) -> ChatBody:
     messages = body.get("messages")
     if not isinstance(messages, list) or not messages:
@@ -47,4 +65,6 @@ def chat_body(body: dict[str, Any]) -> ChatBody:
         top_p=body.get("top_p"),
         seed=body.get("seed"),
         images=images,
+        logprobs=bool(body.get("logprobs", False)),
+        response_format=response_format(body.get("response_format")),
     )

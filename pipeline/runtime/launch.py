@@ -31,7 +31,7 @@ def stage_worker(settings: Settings, topology: Topology, stage: str, bootstrap: 
         topics.append(names.requests)  # external producers publish to `requests`
     spec = topology.spec(stage)
     return StageWorker(handler, settings, bootstrap=bootstrap, topics=topics, group_id=group_id(settings, stage),
-                       runtime=settings.runtime_for(spec), worker_id=worker_id)
+                       runtime=settings.runtime_for(spec), consumer=settings.consumer_for(spec), worker_id=worker_id)
 
 
 def sink_worker(settings: Settings, bootstrap: str, warehouse: Warehouse) -> StageWorker:

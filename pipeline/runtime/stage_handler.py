@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from aiokafka import AIOKafkaProducer
 
 from pipeline.contracts import Evidence, ReplyTo, RequestDoc, Response, StageTiming, Status
+from pipeline.contracts.admit import release_for
 from pipeline.contracts.response import StageTimes
 from pipeline.runtime.codec import decode, encode, header_map, request_headers
 from pipeline.runtime.dlq import dead_letter
@@ -178,6 +179,9 @@ class StageHandler:
         if reply_to is None or reply_to.topic != self.names.responses:
             # the `responses` topic is also the warehouse's record of finished requests
             await out.send(self.names.responses, value, key=key, headers=headers)
+        if resp.tenant_id:
+            # wherever a request ends (answer, rejection, DLQ, deadline), admit settles its reservation
+            await out.send(self.names.admit_release, encode(release_for(resp)), key=resp.tenant_id.encode())
         self.metrics.processed(f"answered_{resp.status.value}")
 
     async def _emit(self, out: Outputs, w: _Work, outcome: Outcome) -> None:

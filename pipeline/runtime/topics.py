@@ -67,6 +67,10 @@ class TopicNames:
     def dlq(self) -> str:
         return self("dlq")
 
+    @property
+    def admit_release(self) -> str:
+        return self("admit.release")
+
 
 @dataclass
 class ApplyResult:

@@ -35,7 +35,7 @@ from pipeline.runtime.metrics import StageMetrics
 from pipeline.runtime.offsets import OffsetTracker
 from pipeline.runtime.polling import guarded_getmany
 from pipeline.runtime.outputs import make_producer
-from pipeline.settings import RuntimeSettings, Settings
+from pipeline.settings import ConsumerSettings, RuntimeSettings, Settings
 
 log = logging.getLogger(__name__)
 
@@ -67,11 +67,13 @@ class StageWorker:
         topics: list[str],
         group_id: str,
         runtime: RuntimeSettings | None = None,
+        consumer: ConsumerSettings | None = None,
         worker_id: str | None = None,
     ) -> None:
         self.handler = handler
         self.settings = settings
         self.runtime = runtime or settings.runtime
+        self.consumer_settings = consumer or settings.consumer
         self.bootstrap = bootstrap
         self.topics = topics
         self.group_id = group_id
@@ -94,7 +96,7 @@ class StageWorker:
     # ---- lifecycle -------------------------------------------------------------------------
 
     async def start(self) -> "StageWorker":
-        c = self.settings.consumer
+        c = self.consumer_settings
         self.producer = make_producer(self.settings, self.bootstrap)
         await self.producer.start()
         await self.handler.start(self.producer)
@@ -167,7 +169,7 @@ class StageWorker:
 
     async def _on_revoked(self, revoked: set[TopicPartition]) -> None:
         # Give in-flight records of these partitions a moment to finish, then commit what is done.
-        deadline = time.monotonic() + min(2.0, self.settings.consumer.session_timeout_ms / 3000)
+        deadline = time.monotonic() + min(2.0, self.consumer_settings.session_timeout_ms / 3000)
         while self.tracker.in_flight(revoked) and time.monotonic() < deadline:
             await asyncio.sleep(0.01)
         await self._commit(revoked)
@@ -179,7 +181,7 @@ class StageWorker:
 
     async def _fetch_loop(self) -> None:
         assert self.consumer is not None
-        guard = self.settings.consumer.poll_guard_s
+        guard = self.consumer_settings.poll_guard_s
         while self._fetching:
             if self.queue.paused:
                 if await self.queue.wait_below_low(0.2):

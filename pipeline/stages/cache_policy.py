@@ -138,6 +138,8 @@ def bypass_reason(doc: RequestDoc, policy: CachePolicy, domain: str) -> str | No
         return "conversation_context"  # earlier turns change the meaning of the last one
     if doc.body.images:
         return "images"
+    if doc.body.output_schema() is not None:
+        return "structured_output"  # the answer's shape depends on the schema, which no entry records
     if not policy.cache_masked_entities and _PLACEHOLDER.search(text):
         return "personal_entities"
     rule = policy.domains.get(domain)

@@ -10,25 +10,13 @@ import random
 from dataclasses import dataclass, replace
 from typing import Literal
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel
+
+from pipeline.settings import Deployment
+
+__all__ = ["Deployment"]  # configured in settings; re-exported for the policy's callers
 
 # ---- deployments and compatibility -------------------------------------------------------------
-
-
-class Deployment(BaseModel):
-    name: str
-    engine: Literal["vllm", "openai"] = "vllm"
-    model: str
-    revision: str = ""
-    base_url: str | None = Field(None, description="openai engine: the server's /v1 base URL")
-    max_context: int = 2048
-    images: bool = False
-    json_schema: bool = False
-    tools: bool = False
-    region: str = "local"
-    cost_per_1k_input: float = 0.0
-    cost_per_1k_output: float = 0.0
-    concurrency: int = Field(16, ge=1)
 
 
 @dataclass(frozen=True)

@@ -1,49 +1,115 @@
-"""generate: the model call. Every record of a micro-batch is submitted to the engine at once, and
-several processors run side by side, so vLLM's continuous batching is fed (never one at a time).
+"""generate: the model call, across deployments.
 
-This first version serves the in-process vLLM deployment; retries, fallbacks across deployments
-and circuit breaking follow (issue: generate and postprocess).
+Every record of a micro-batch is submitted at once and several processors run side by side, so
+vLLM's continuous batching is fed (never one request at a time). Per request: the deployments that
+can serve it (route's preference first; incompatible ones refused with their reason), then
+attempts under the deadline budget: a retryable failure retries after a jittered backoff or falls
+back to the next deployment, a per-deployment circuit breaker skips a deployment that keeps
+failing, and its state changes go on `control`, which every generate worker follows. Each attempt
+is an evidence row (`generate.attempt`, step 1, 2, ...); the final decision is the `generate` row.
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 import statistics
+import time
+import uuid
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from pydantic import BaseModel, Field
 
-from pipeline.contracts import RequestDoc
+from pipeline.contracts import BreakerUpdate, Evidence, RequestDoc, Response, Status
+from pipeline.contracts.base import now_ms
 from pipeline.contracts.request import GenerationSection
-from pipeline.engines.model_prep import prepare
-from pipeline.engines.vllm_engine import Generation, Sampling, VllmEngine
-from pipeline.runtime.errors import PermanentError
+from pipeline.engines.chat_engine import ChatEngine, EngineError, Generation, Sampling, chat_prompt_ids
+from pipeline.engines.model_prep import resolve
+from pipeline.runtime.follower import ControlFollower
 from pipeline.runtime.stage import Outcome, Stage, StageContext
+from pipeline.runtime.topics import TopicNames
+from pipeline.settings import Deployment
+from pipeline.stages.deployments import (
+    RETRYABLE,
+    Breaker,
+    BreakerPolicy,
+    Needs,
+    RetryPolicy,
+    breaker_allows,
+    breaker_record,
+    candidates,
+    estimated_cost,
+    next_step,
+)
+
+log = logging.getLogger(__name__)
+NO_DEADLINE_MS = 10**9
 
 
 class GeneratePolicy(BaseModel):
-    version: str = "generate-v1"
-    deployment: str = "local-vllm"
-    model: str = "smollm2-135m-instruct"
+    version: str = "generate-v2"
     default_max_tokens: int = Field(128, ge=1)
     max_tokens_cap: int = Field(512, ge=1)
+    prefer: list[str] = Field(default_factory=list, description="deployment order when route names none")
+    retry: RetryPolicy = Field(default_factory=RetryPolicy)
+    breaker: BreakerPolicy = Field(default_factory=BreakerPolicy)
 
 
 def sampling_for(doc: RequestDoc, policy: GeneratePolicy) -> Sampling:
     b = doc.body
     return Sampling(max_tokens=min(b.max_tokens or policy.default_max_tokens, policy.max_tokens_cap),
                     temperature=b.temperature if b.temperature is not None else 0.0,
-                    top_p=b.top_p if b.top_p is not None else 1.0, seed=b.seed, logprobs=b.logprobs)
+                    top_p=b.top_p if b.top_p is not None else 1.0, seed=b.seed, logprobs=b.logprobs,
+                    json_schema=b.output_schema())
 
 
-def section_from(g: Generation, policy: GeneratePolicy) -> GenerationSection:
+def needs_for(doc: RequestDoc, prompt_tokens: int, sampling: Sampling) -> Needs:
+    c = doc.context
+    return Needs(context_tokens=prompt_tokens, expected_output_tokens=sampling.max_tokens,
+                 images=bool(doc.body.images), json_schema=sampling.json_schema is not None,
+                 regions=frozenset(c.residency) if c.residency is not None else None, max_cost_usd=c.max_cost_usd)
+
+
+def section_from(g: Generation, d: Deployment, *, attempts: int, fallback_from: list[str]) -> GenerationSection:
+    tokens_in, tokens_out = len(g.prompt_token_ids), len(g.token_ids)
+    cost = (tokens_in * d.cost_per_1k_input + tokens_out * d.cost_per_1k_output) / 1000
     return GenerationSection(
-        deployment=policy.deployment, model=policy.model, model_revision=g.model_revision, text=g.text,
+        deployment=d.name, model=d.model, model_revision=g.model_revision, text=g.text,
         prompt_token_ids=g.prompt_token_ids, token_ids=g.token_ids, logprobs=g.logprobs,
-        finish_reason=g.finish_reason, tokens_in=len(g.prompt_token_ids), tokens_out=len(g.token_ids),
+        finish_reason=g.finish_reason, tokens_in=tokens_in, tokens_out=tokens_out,
         ttft_ms=round(g.ttft_ms, 2), tpot_ms=None if g.tpot_ms is None else round(g.tpot_ms, 2),
         itl_p50_ms=round(statistics.median(g.itl_ms), 2) if g.itl_ms else None,
-        itl_max_ms=round(max(g.itl_ms), 2) if g.itl_ms else None)
+        itl_max_ms=round(max(g.itl_ms), 2) if g.itl_ms else None,
+        attempts=attempts, fallback_from=fallback_from, cost_usd=round(cost, 8))
+
+
+def build_engine(d: Deployment, *, default_model_dir: Path, default_revision: str, ctx: StageContext,
+                 attempt_timeout_s: float) -> ChatEngine:
+    if d.engine == "openai":
+        from pipeline.engines.openai_engine import OpenAIEngine
+
+        return OpenAIEngine(d.base_url or "", d.model, revision=d.revision, api_key_env=d.api_key_env,
+                            read_timeout_s=attempt_timeout_s)
+    from pipeline.engines.vllm_engine import VllmEngine
+
+    s = ctx.settings
+    model_dir, revision = (default_model_dir, default_revision) if d.model_dir is None else \
+        resolve(s.resolved_data_dir(), d.model_dir, s.engine.dtype)
+    revision = d.revision or revision
+    return VllmEngine(model_dir, revision=revision, cache_dir=s.resolved_data_dir() / "cache", dtype=s.engine.dtype,
+                      max_model_len=min(d.max_context, s.engine.max_model_len), max_num_seqs=s.engine.max_num_seqs)
+
+
+@dataclass
+class _Attempts:
+    """What happened to one request so far: evidence rows in order, failures, added latency."""
+
+    doc: RequestDoc
+    rows: list[Evidence] = field(default_factory=list)
+    failures: list[str] = field(default_factory=list)  # "deployment:error_class"
+    tried: list[str] = field(default_factory=list)
+    started: float = field(default_factory=time.perf_counter)
 
 
 class GenerateStage(Stage):
@@ -53,37 +119,159 @@ class GenerateStage(Stage):
 
     def __init__(self, ctx: StageContext) -> None:
         super().__init__(ctx)
-        self.engine: VllmEngine | None = None
+        self.deployments: list[Deployment] = list(ctx.settings.deployments)
+        self.engines: dict[str, ChatEngine] = {}
+        self.slots: dict[str, asyncio.Semaphore] = {d.name: asyncio.Semaphore(d.concurrency) for d in self.deployments}
+        self.breakers: dict[str, Breaker] = {d.name: Breaker() for d in self.deployments}
+        self.follower: ControlFollower | None = None
+        self.tokenizer = None
+        self.member = f"{ctx.settings.worker_id or 'generate'}:{uuid.uuid4().hex[:8]}"
 
     async def start(self) -> None:
         s = self.ctx.settings
-        data_dir = s.resolved_data_dir()
-        if s.engine.model_dir is not None:
-            model_dir, revision = Path(s.engine.model_dir), f"{self.policy.model}@{Path(s.engine.model_dir).name}"
-        else:
-            info = await asyncio.to_thread(prepare, data_dir, s.engine.dtype)
-            model_dir, revision = Path(info.path), info.revision
-        self.engine = await VllmEngine(model_dir, revision=revision, cache_dir=data_dir / "cache", dtype=s.engine.dtype,
-                                       max_model_len=s.engine.max_model_len,
-                                       max_num_seqs=s.engine.max_num_seqs).start()
+        path, revision = await asyncio.to_thread(resolve, s.resolved_data_dir(), s.engine.model_dir, s.engine.dtype)
+        from transformers import AutoTokenizer
+
+        # counts prompt tokens for the compatibility check, whichever deployment serves the request
+        self.tokenizer = await asyncio.to_thread(AutoTokenizer.from_pretrained, str(path))
+        timeout_s = self.policy.retry.attempt_timeout_ms / 1000
+        for d in self.deployments:
+            engine = build_engine(d, default_model_dir=path, default_revision=revision, ctx=self.ctx,
+                                  attempt_timeout_s=timeout_s)
+            self.engines[d.name] = await engine.start()
+        if self.ctx.bootstrap:
+            names = TopicNames(self.ctx.topic_prefix)
+            self.follower = await ControlFollower(self.ctx.bootstrap, names("control"), self.apply_control).start()
 
     async def stop(self) -> None:
-        if self.engine is not None:
-            await self.engine.stop()
+        if self.follower is not None:
+            await self.follower.stop()
+        for engine in self.engines.values():
+            await engine.stop()
+
+    # ---- circuit breakers, shared through control ----------------------------------------------
+
+    def apply_control(self, record: object) -> None:
+        """Adopt another worker's breaker change. Its half-open probe counts as open here: this
+        worker waits out a cooldown of its own rather than probing at the same time."""
+        if not isinstance(record, BreakerUpdate) or record.worker == self.member or record.deployment not in self.breakers:
+            return
+        if record.state == "closed":
+            self.breakers[record.deployment] = Breaker()
+        else:
+            opened = record.opened_ms if record.state == "open" else record.at_ms
+            self.breakers[record.deployment] = Breaker(state="open", opened_ms=opened)
+
+    async def _breaker_changed(self, name: str, before: Breaker, after: Breaker, reason: str) -> None:
+        if before.state == after.state or self.follower is None:
+            return
+        try:
+            await self.follower.publish(BreakerUpdate(deployment=name, state=after.state, opened_ms=after.opened_ms,
+                                                      worker=self.member, reason=reason),
+                                        key=f"breaker:{name}".encode())
+        except Exception as exc:  # noqa: BLE001 - the local breaker still protects this worker
+            log.warning("generate: could not publish breaker state of %s: %s", name, type(exc).__name__)
+
+    async def _allow(self, name: str) -> bool:
+        before = self.breakers[name]
+        ok, after = breaker_allows(before, now_ms(), self.policy.breaker)
+        self.breakers[name] = after
+        await self._breaker_changed(name, before, after, "cooldown over: one probe")
+        return ok
+
+    async def _record(self, name: str, ok: bool, reason: str) -> None:
+        before = self.breakers[name]
+        after = breaker_record(before, ok, now_ms(), self.policy.breaker)
+        self.breakers[name] = after
+        await self._breaker_changed(name, before, after, reason)
+
+    # ---- one request -----------------------------------------------------------------------------
+
+    def _row(self, a: _Attempts, decision: str, reason: str, deployment: str, **fields) -> None:
+        ev = self.evidence(a.doc, decision, reason, candidates=[deployment], **fields)
+        a.rows.append(ev.model_copy(update={"stage": f"{self.name}.attempt", "step": len(a.rows) + 1}))
+
+    def _failed(self, a: _Attempts, error_class: str, reason: str, status: Status = Status.error) -> Outcome:
+        added = (time.perf_counter() - a.started) * 1000
+        final = self.evidence(a.doc, "failed", f"{error_class}: {reason}", candidates=a.tried,
+                              scores={"attempts": float(len(a.tried)), "added_latency_ms": round(added, 2)})
+        resp = Response(request_id=a.doc.request_id, status=status, error_class=error_class, reason=reason,
+                        answered_by=self.name)
+        return Outcome.answer(a.doc, resp, *a.rows, final)
 
     async def _one(self, doc: RequestDoc) -> Outcome:
-        assert self.engine is not None, "start() first"
+        assert self.tokenizer is not None, "start() first"
+        p = self.policy
+        a = _Attempts(doc)
         messages = [{"role": m.role, "content": m.content} for m in doc.body.messages]
-        if len(self.engine.prompt_ids(messages)) >= self.ctx.settings.engine.max_model_len:
-            raise PermanentError("prompt longer than the model's context", error_class="context_too_long")
-        g = await self.engine.generate(messages, sampling_for(doc, self.policy), request_id=doc.request_id)
-        sec = section_from(g, self.policy)
-        doc = doc.model_copy(update={"generation": sec})
-        ev = self.evidence(doc, "generated", sec.finish_reason,
-                           scores={"tokens_in": float(sec.tokens_in), "tokens_out": float(sec.tokens_out),
-                                   "ttft_ms": sec.ttft_ms, **({"tpot_ms": sec.tpot_ms} if sec.tpot_ms else {})},
-                           candidates=[self.policy.deployment], revisions={"model": sec.model_revision})
-        return Outcome.forward(doc, ev)
+        sampling = sampling_for(doc, p)
+        needs = needs_for(doc, len(chat_prompt_ids(self.tokenizer, messages)), sampling)
+        preferred = list(doc.route.deployments) if doc.route and doc.route.deployments else list(p.prefer)
+        ok, refused = candidates(self.deployments, preferred, needs)
+        for name, why in refused.items():
+            self._row(a, "refused", f"incompatible: {why}", name)
+        if not ok:
+            why = "; ".join(f"{n}: {w}" for n, w in refused.items())
+            return self._failed(a, "no_compatible_deployment", f"no deployment can serve this request ({why})")
+        i, attempt = 0, 0
+        while i < len(ok):
+            d = ok[i]
+            remaining = (doc.deadline_ms - now_ms()) if doc.deadline_ms else NO_DEADLINE_MS
+            if remaining <= 0:
+                return self._failed(a, "deadline_exceeded", f"deadline passed after {attempt} attempt(s)",
+                                    Status.deadline_exceeded)
+            if not await self._allow(d.name):
+                self._row(a, "skipped", "circuit breaker open", d.name)
+                i += 1
+                continue
+            attempt += 1
+            a.tried.append(d.name)
+            t0 = time.perf_counter()
+            try:
+                async with self.slots[d.name]:
+                    timeout_s = min(p.retry.attempt_timeout_ms, remaining) / 1000
+                    try:
+                        g = await asyncio.wait_for(self.engines[d.name].generate(messages, sampling, doc.request_id),
+                                                   timeout_s)
+                    except TimeoutError:
+                        raise EngineError("timeout", f"no answer within {timeout_s:.1f} s") from None
+            except EngineError as exc:
+                ms = (time.perf_counter() - t0) * 1000
+                await self._record(d.name, exc.error_class not in RETRYABLE, exc.error_class)
+                step = next_step(exc.error_class, request_id=doc.request_id, attempt=attempt,
+                                 remaining_ms=(doc.deadline_ms - now_ms()) if doc.deadline_ms else NO_DEADLINE_MS,
+                                 has_fallback=i + 1 < len(ok), side_effects=doc.context.tool_side_effects,
+                                 idempotency_key=doc.idempotency_key, p=p.retry)
+                a.failures.append(f"{d.name}:{exc.error_class}")
+                self._row(a, "failed", f"{exc.error_class}; next: {step.action} ({step.reason})", d.name,
+                          scores={"latency_ms": round(ms, 2), "wait_ms": float(step.wait_ms), "attempt": float(attempt)})
+                if step.action == "give_up":
+                    return self._failed(a, exc.error_class, f"{', '.join(a.failures)}; {step.reason}")
+                if step.action == "fallback":
+                    i += 1
+                else:
+                    await asyncio.sleep(step.wait_ms / 1000)
+                continue
+            await self._record(d.name, True, "success")
+            ms = (time.perf_counter() - t0) * 1000
+            sec = section_from(g, d, attempts=attempt, fallback_from=[n for n in a.tried[:-1]])
+            self._row(a, "ok", sec.finish_reason, d.name, revisions={"model": sec.model_revision},
+                      scores={"latency_ms": round(ms, 2), "tokens_in": float(sec.tokens_in),
+                              "tokens_out": float(sec.tokens_out), "attempt": float(attempt)})
+            doc = doc.model_copy(update={"generation": sec})
+            added = (t0 - a.started) * 1000  # what the failed attempts and waits cost before this one
+            final = self.evidence(doc, "generated", sec.finish_reason if attempt == 1 else
+                                  f"{sec.finish_reason} after {', '.join(a.failures)}",
+                                  scores={"tokens_in": float(sec.tokens_in), "tokens_out": float(sec.tokens_out),
+                                          "ttft_ms": sec.ttft_ms, "attempts": float(attempt),
+                                          "added_latency_ms": round(added, 2), "cost_usd": sec.cost_usd,
+                                          "estimated_cost_usd": estimated_cost(d, needs),
+                                          **({"tpot_ms": sec.tpot_ms} if sec.tpot_ms else {})},
+                                  candidates=a.tried, revisions={"model": sec.model_revision})
+            return Outcome.forward(doc, *a.rows, final)
+        return self._failed(a, "all_deployments_unavailable",
+                            f"{', '.join(a.failures) or 'no attempt'}; every compatible deployment is failing or "
+                            "its circuit breaker is open")
 
     async def process_batch(self, docs: list[RequestDoc]) -> list[Outcome | BaseException]:
         return list(await asyncio.gather(*(self._one(d) for d in docs), return_exceptions=True))

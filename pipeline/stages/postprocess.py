@@ -1,11 +1,14 @@
 """postprocess: the answer. Takes the generated (or cached) text, un-masks it where the tenant's
-policy allows, writes cacheable misses back to the cache (a `control` record every cache worker
+policy allows, validates it against the JSON schema the caller asked for, writes cacheable misses back to the cache (a `control` record every cache worker
 applies), and answers the caller; the runtime writes the finished-request row from the answer.
 """
 
 from __future__ import annotations
 
+from typing import Any
 
+import jsonschema
+import orjson
 from pydantic import BaseModel, Field
 
 from pipeline.contracts import RequestDoc, Response, Status
@@ -15,6 +18,26 @@ from pipeline.runtime.stage import Outcome, SideRecord, StageContext, ThreadedSt
 from pipeline.stages.cache_policy import CachePolicy
 from pipeline.stages.restore_mapping import RestoreError, keyring_for, open_sealed, unmask
 from pipeline.stages.semantic_cache import put_record
+
+
+def schema_violation(text: str, schema: dict[str, Any]) -> str | None:
+    """Why `text` is not a JSON document satisfying `schema` (None: it is). The reason names the
+    failing path and rule, never the offending value (it may quote the prompt)."""
+    try:
+        value = orjson.loads(text)
+    except orjson.JSONDecodeError as exc:
+        return f"not JSON ({str(exc).split(':')[0]})"
+    cls = jsonschema.validators.validator_for(schema, default=jsonschema.Draft202012Validator)
+    try:
+        cls.check_schema(schema)
+    except jsonschema.SchemaError as exc:
+        return f"the requested schema is itself invalid ({exc.validator})"
+    validator = cls(schema)
+    error = jsonschema.exceptions.best_match(validator.iter_errors(value))
+    if error is None:
+        return None
+    path = "/".join(str(p) for p in error.absolute_path) or "(root)"
+    return f"at {path}: violates '{error.validator}'"
 
 
 class PostprocessPolicy(BaseModel):
@@ -52,6 +75,14 @@ class PostprocessStage(ThreadedStage):
             resp = Response(request_id=doc.request_id, status=Status.error, error_class="no_answer",
                             reason="neither a cache hit nor a generation reached postprocess", answered_by=self.name)
             return Outcome.answer(doc, resp, self.evidence(doc, "error", "no_answer"))
+        schema = doc.body.output_schema()
+        if schema is not None:
+            problem = schema_violation(text, schema)
+            if problem is not None:  # no silent repair: the caller learns what is wrong
+                resp = Response(request_id=doc.request_id, status=Status.error, error_class="schema_invalid",
+                                reason=f"the answer does not satisfy the requested JSON schema: {problem}",
+                                answered_by=self.name, deployment=gen.deployment if gen else None)
+                return Outcome.answer(doc, resp, self.evidence(doc, "error", "schema_invalid"))
         side: list[SideRecord] = []
         if source == "generation" and self.embedder is not None and cache is not None and cache.decision == "miss" \
                 and gen is not None and gen.finish_reason == "stop":
@@ -73,6 +104,9 @@ class PostprocessStage(ThreadedStage):
         resp = Response(
             request_id=doc.request_id, status=Status.ok, text=text, answered_by=self.name,
             route=route.decision if route else None, model=(gen.model if gen else (route.model if route else None)),
+            deployment=gen.deployment if gen else None,
+            token_ids=gen.token_ids if gen and source == "generation" and doc.body.logprobs else None,
+            logprobs=gen.logprobs if gen and source == "generation" and doc.body.logprobs else None, cost_usd=gen.cost_usd if gen and source == "generation" else 0.0,
             adapter=route.adapter if route else None, placement=route.placement if route else None,
             cache=cache.decision if cache else None, usage=usage,
             ttft_ms=gen.ttft_ms if gen else None, tpot_ms=gen.tpot_ms if gen else None)

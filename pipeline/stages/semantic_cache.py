@@ -189,13 +189,15 @@ class SemanticCache:
     def put_record(self, doc: RequestDoc, answer: str, at_ms: int | None = None) -> CachePut | None:
         return put_record(doc, answer, self.embedder, self.policy, at_ms)
 
-    def apply(self, record: CachePut | CacheInvalidate) -> int:
-        """Apply a control record; returns entries written (1) or deleted."""
+    def apply(self, record: object) -> int:
+        """Apply a control record; returns entries written (1) or deleted. Others are not the cache's."""
         if isinstance(record, CachePut):
             if any(inv.covers(record.payload) for inv in self.invalidations):
                 return 0  # written before an invalidation that has already been applied
             self.index.upsert([IndexEntry(id=record.entry_id, vector=record.vector, payload=dict(record.payload))])
             return 1
+        if not isinstance(record, CacheInvalidate):
+            return 0
         inv = Invalidation(record.tenant, record.model_revision, record.prompt_revision, record.data_version,
                            record.before_ms)
         self.invalidations.append(inv)  # also hides entries a lagging put would bring back

@@ -14,7 +14,7 @@ def _ts(ms: int | None) -> datetime:
 
 DECISIONS_COLUMNS = [
     "request_id", "tenant_id", "stage", "decision", "reason", "policy_version", "revisions", "scores",
-    "candidates", "attempt", "worker", "partition", "offset", "enqueued", "started", "finished",
+    "candidates", "attempt", "step", "worker", "partition", "offset", "enqueued", "started", "finished",
     "queue_ms", "service_ms", "replay_id", "shadow",
 ]
 
@@ -22,7 +22,7 @@ DECISIONS_COLUMNS = [
 def decision_row(e: Evidence) -> list[Any]:
     return [
         e.request_id, e.tenant_id, e.stage, e.decision, e.reason, e.policy_version, e.revisions, e.scores,
-        e.candidates, e.attempt, e.worker, e.partition, e.offset, _ts(e.enqueued_ms), _ts(e.started_ms),
+        e.candidates, e.attempt, e.step, e.worker, e.partition, e.offset, _ts(e.enqueued_ms), _ts(e.started_ms),
         _ts(e.finished_ms), e.queue_ms, e.service_ms, e.replay_id, int(e.shadow),
     ]
 

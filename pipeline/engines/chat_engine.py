@@ -1,0 +1,62 @@
+"""What every chat engine does, whichever serves it (in-process vLLM, an OpenAI-compatible server):
+messages and sampling in, a Generation (text, token ids, logprobs, timings) out, or an EngineError
+whose class says whether another attempt can help."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+
+@dataclass
+class Sampling:
+    max_tokens: int = 256
+    temperature: float = 0.0
+    top_p: float = 1.0
+    seed: int | None = None
+    logprobs: bool = False
+    json_schema: dict[str, Any] | None = None  # constrain the output to this JSON Schema
+
+
+@dataclass
+class Generation:
+    text: str
+    prompt_token_ids: list[int]
+    token_ids: list[int]
+    logprobs: list[float] | None
+    finish_reason: str
+    ttft_ms: float
+    itl_ms: list[float] = field(default_factory=list)  # inter-token latencies (per streamed chunk)
+    e2e_ms: float = 0.0
+    model_revision: str = ""
+
+    @property
+    def tpot_ms(self) -> float | None:
+        n = len(self.token_ids)
+        return None if n < 2 else (self.e2e_ms - self.ttft_ms) / (n - 1)
+
+
+class EngineError(Exception):
+    """An attempt failed. `error_class` is one word of deployments.RETRYABLE / NON_RETRYABLE."""
+
+    def __init__(self, error_class: str, message: str) -> None:
+        super().__init__(message)
+        self.error_class = error_class
+
+
+class ChatEngine(Protocol):
+    revision: str
+
+    async def start(self) -> "ChatEngine": ...
+
+    async def stop(self) -> None: ...
+
+    async def generate(self, messages: list[dict[str, str]], sampling: Sampling,
+                       request_id: str | None = None) -> Generation: ...
+
+
+def chat_prompt_ids(tokenizer, messages: list[dict[str, str]]) -> list[int]:
+    """The model's chat template applied to `messages`, as token ids (a transformers tokenizer)."""
+    enc = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
+    ids = enc["input_ids"] if hasattr(enc, "keys") else enc
+    return [int(i) for i in ids]

@@ -1,0 +1,142 @@
+"""An OpenAI-compatible chat deployment over HTTP (e.g. a vLLM server), streamed, so TTFT and
+inter-token latencies are measured here exactly as for the in-process engine.
+
+vLLM's server extensions give token ids (`return_token_ids`) and per-token logprobs; a server that
+lacks them still answers, with empty token ids. Transport and status failures become EngineErrors
+whose class tells generate whether a retry or a fallback can help.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from typing import Any
+
+import httpx
+import orjson
+
+from pipeline.engines.chat_engine import EngineError, Generation, Sampling
+
+
+def _status_class(status: int, message: str) -> str:
+    if status in (400, 422):
+        low = message.lower()
+        return "context_too_long" if ("max_model_len" in low or "context length" in low) else "invalid_request"
+    if status in (401, 403):
+        return "unauthorized"
+    if status in (429, 503):
+        return "overloaded"
+    if status >= 500:
+        return "server_error"
+    return "invalid_request"
+
+
+class OpenAIEngine:
+    def __init__(self, base_url: str, model: str, *, revision: str = "", api_key_env: str | None = None,
+                 connect_timeout_s: float = 2.0, read_timeout_s: float = 60.0) -> None:
+        self.base_url = base_url.rstrip("/")
+        self.model = model
+        self.revision = revision
+        self.api_key_env = api_key_env
+        self.timeout = httpx.Timeout(read_timeout_s, connect=connect_timeout_s)
+        self.client: httpx.AsyncClient | None = None
+
+    async def start(self) -> "OpenAIEngine":
+        headers = {}
+        if self.api_key_env and os.environ.get(self.api_key_env):
+            headers["Authorization"] = f"Bearer {os.environ[self.api_key_env]}"
+        # no proxies from the environment, no cookies kept: this talks to a configured deployment only
+        self.client = httpx.AsyncClient(timeout=self.timeout, headers=headers, trust_env=False)
+        return self
+
+    async def stop(self) -> None:
+        if self.client is not None:
+            await self.client.aclose()
+            self.client = None
+
+    def body(self, messages: list[dict[str, str]], s: Sampling) -> dict[str, Any]:
+        body: dict[str, Any] = {"model": self.model, "messages": messages, "max_tokens": s.max_tokens,
+                                "temperature": s.temperature, "top_p": s.top_p, "stream": True,
+                                "stream_options": {"include_usage": True}, "return_token_ids": True}
+        if s.seed is not None:
+            body["seed"] = s.seed
+        if s.logprobs:
+            body["logprobs"] = True
+        if s.json_schema is not None:
+            body["response_format"] = {"type": "json_schema",
+                                       "json_schema": {"name": "output", "schema": s.json_schema, "strict": True}}
+        return body
+
+    async def generate(self, messages: list[dict[str, str]], sampling: Sampling,
+                       request_id: str | None = None) -> Generation:
+        if self.client is None:
+            raise EngineError("engine_dead", "the engine is not started")
+        headers = {"X-Request-Id": request_id} if request_id else {}
+        t0 = time.perf_counter()
+        try:
+            async with self.client.stream("POST", f"{self.base_url}/chat/completions",
+                                          content=orjson.dumps(self.body(messages, sampling)),
+                                          headers={"Content-Type": "application/json", **headers}) as resp:
+                if resp.status_code != 200:
+                    raw = (await resp.aread())[:2000]
+                    try:
+                        message = str(orjson.loads(raw).get("error", {}).get("message", ""))
+                    except (orjson.JSONDecodeError, AttributeError):
+                        message = raw.decode(errors="replace")
+                    raise EngineError(_status_class(resp.status_code, message), f"HTTP {resp.status_code}: {message}")
+                return await self._read_stream(resp, sampling, t0)
+        except httpx.ConnectTimeout as exc:
+            raise EngineError("timeout", f"connect timeout to {self.base_url}") from exc
+        except httpx.ConnectError as exc:
+            raise EngineError("connection_refused", f"cannot connect to {self.base_url}: {exc}") from exc
+        except httpx.TimeoutException as exc:
+            raise EngineError("timeout", f"{type(exc).__name__} from {self.base_url}") from exc
+        except (httpx.RemoteProtocolError, httpx.ReadError, httpx.WriteError) as exc:
+            raise EngineError("connection_reset", f"connection to {self.base_url} broke: {exc}") from exc
+
+    async def _read_stream(self, resp: httpx.Response, sampling: Sampling, t0: float) -> Generation:
+        text: list[str] = []
+        prompt_ids: list[int] = []
+        token_ids: list[int] = []
+        logprobs: list[float] = []
+        finish = None
+        fingerprint = ""
+        first: float | None = None
+        last = t0
+        itl: list[float] = []
+        done = False
+        async for line in resp.aiter_lines():
+            if not line.startswith("data:"):
+                continue
+            data = line[5:].strip()
+            if data == "[DONE]":
+                done = True
+                break
+            chunk = orjson.loads(data)
+            if "error" in chunk:
+                err = chunk["error"]
+                raise EngineError("server_error", str(err.get("message", err) if isinstance(err, dict) else err))
+            prompt_ids = chunk.get("prompt_token_ids") or prompt_ids
+            fingerprint = chunk.get("system_fingerprint") or fingerprint
+            for choice in chunk.get("choices") or []:
+                delta = (choice.get("delta") or {}).get("content") or ""
+                ids = choice.get("token_ids") or []
+                if delta or ids:
+                    now = time.perf_counter()
+                    if first is None:
+                        first = now
+                    else:
+                        itl.append((now - last) * 1000)
+                    last = now
+                text.append(delta)
+                token_ids.extend(int(i) for i in ids)
+                for lp in ((choice.get("logprobs") or {}).get("content") or []):
+                    logprobs.append(float(lp["logprob"]))
+                finish = choice.get("finish_reason") or finish
+        if not done:
+            raise EngineError("connection_reset", "the stream ended before [DONE]")
+        end = time.perf_counter()
+        return Generation(text="".join(text), prompt_token_ids=prompt_ids, token_ids=token_ids,
+                          logprobs=logprobs if sampling.logprobs else None, finish_reason=str(finish or "unknown"),
+                          ttft_ms=((first or end) - t0) * 1000, itl_ms=itl, e2e_ms=(end - t0) * 1000,
+                          model_revision=self.revision or f"{self.model}@{fingerprint or 'unknown'}")

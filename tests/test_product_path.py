@@ -93,8 +93,11 @@ def load_all_kinds_and_check_every_answer_and_row(tmp_path) -> None:
     summary = last_json(res)
     assert summary["sent"] == 200 and sum(summary["by_status"].values()) == 200, summary
     truncated = sum(1 for i in range(200) if i % 16 == 5)
-    assert summary["by_status"] == {"ok": 200 - truncated, "error": truncated}, summary
-    assert summary["by_error_class"] == {"schema_invalid": truncated}, summary
+    # the truncated ones always fail validation; a 135M model may also ramble past max_tokens inside a
+    # valid-so-far JSON string now and then (seen once in ~40 such requests)
+    errors = summary["by_status"].get("error", 0)
+    assert truncated <= errors <= truncated + 2 and summary["by_status"]["ok"] == 200 - errors, summary
+    assert summary["by_error_class"] == {"schema_invalid": errors}, summary
     where = f"created >= fromUnixTimestamp64Milli(toInt64({t0_ms}))"
     deadline = time.monotonic() + 120
     while True:  # the sink flushes in batches

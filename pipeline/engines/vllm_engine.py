@@ -74,7 +74,9 @@ class VllmEngine:
         ids = self.prompt_ids(messages)
         if len(ids) >= self.max_model_len:
             raise EngineError("context_too_long", f"prompt of {len(ids)} tokens >= context {self.max_model_len}")
-        structured = StructuredOutputsParams(json=sampling.json_schema) if sampling.json_schema is not None else None
+        # compact JSON: a small model may otherwise loop on whitespace the grammar allows until max_tokens
+        structured = StructuredOutputsParams(json=sampling.json_schema, disable_any_whitespace=True) \
+            if sampling.json_schema is not None else None
         params = SamplingParams(max_tokens=min(sampling.max_tokens, self.max_model_len - len(ids)),
                                 temperature=sampling.temperature, top_p=sampling.top_p, seed=sampling.seed,
                                 logprobs=1 if sampling.logprobs else None, structured_outputs=structured)

@@ -33,6 +33,10 @@ class ConsumerSettings(BaseModel):
     auto_offset_reset: Literal["earliest", "latest"] = "earliest"
     # getmany() once hung during a broker outage: every call is bounded by this.
     poll_guard_s: float = 10.0
+    # Idle consumers poll slower (FetchPacer): the broker's idle cost falls ~10x; the first record
+    # after an idle spell waits up to idle_fetch_max_wait_ms. Equal to fetch_max_wait_ms: off.
+    idle_fetch_max_wait_ms: int = Field(50, ge=1)
+    idle_after_ms: int = Field(1000, ge=0)
 
 
 class ProducerSettings(BaseModel):
@@ -67,6 +71,8 @@ class RuntimeSettings(BaseModel):
 class SinkSettings(BaseModel):
     batch_size: int = 5000
     flush_interval_ms: int = 500
+    # the sink writes every flush_interval anyway: polling it faster only costs broker CPU
+    fetch_max_wait_ms: int = Field(50, ge=1)
 
 
 class EngineSettings(BaseModel):

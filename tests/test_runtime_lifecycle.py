@@ -76,6 +76,20 @@ async def test_micro_batching_fills_batches_up_to_the_declared_size(broker, pref
     assert all(1 <= n <= 16 for n in sizes)
 
 
+async def test_idle_stage_workers_poll_slower_and_speed_up_for_the_next_record(broker, prefix, tmp_path):
+    s = settings_for(tmp_path, prefix, broker.bootstrap, [{"name": "batch", "class": "tests.stages:BatchLength"}],
+                     consumer={"fetch_max_wait_ms": 5, "idle_fetch_max_wait_ms": 60, "idle_after_ms": 300})
+    await create_topics(s)
+    async with Client(broker.bootstrap, topic_prefix=prefix) as client:
+        async with stage_worker(s, Topology(s), "batch", broker.bootstrap) as w:
+            fetcher = w.consumer._fetcher  # the real aiokafka fetcher: FetchPacer relies on its attribute
+            assert (await client.request(client.build("one"), 60)).status == "ok"
+            await asyncio.sleep(1.0)
+            assert fetcher._fetch_max_wait_ms == 60, "idle: slower polling"
+            assert (await client.request(client.build("two"), 60)).status == "ok"
+            assert fetcher._fetch_max_wait_ms == 5, "records flow: fast polling again"
+
+
 async def test_sigterm_drains_in_flight_work_and_commits(broker, prefix, tmp_path):
     s = settings_for(tmp_path, prefix, broker.bootstrap,
                      [{"name": "slow", "class": "tests.stages:Sleep", "policy": {"sleep_ms": 20}}])

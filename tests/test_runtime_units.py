@@ -85,3 +85,26 @@ def test_keys_follow_the_registry_rule():
     assert topo.key_for("route", doc.model_copy(update={"device_id": None})) == b"r"
     assert "stage.custom" in topo.topic_registry()
     assert topo.next_after("route") == "admit" and topo.next_after("custom") is None
+
+
+def test_fetch_pacer_slows_idle_consumers_and_speeds_up_on_the_next_record():
+    from types import SimpleNamespace
+
+    from pipeline.runtime.polling import FetchPacer
+
+    fetcher = SimpleNamespace(_fetch_max_wait_ms=5)
+    p = FetchPacer(SimpleNamespace(_fetcher=fetcher), fast_ms=5, idle_wait_ms=50, idle_after_ms=1000)
+    t = p._last
+    p.saw(0, t + 0.5)
+    assert fetcher._fetch_max_wait_ms == 5 and not p.idle, "not idle before idle_after_ms"
+    p.saw(0, t + 1.0)
+    assert fetcher._fetch_max_wait_ms == 50 and p.idle
+    p.saw(3, t + 1.2)
+    assert fetcher._fetch_max_wait_ms == 5 and not p.idle
+    p.saw(0, t + 2.1)
+    assert fetcher._fetch_max_wait_ms == 5, "the idle clock restarts at the last record"
+    off = FetchPacer(SimpleNamespace(_fetcher=SimpleNamespace(_fetch_max_wait_ms=5)), 5, 5, 0)
+    off.saw(0, t + 100)
+    assert not off.idle, "idle wait = fast wait: pacing is off"
+    with pytest.raises(RuntimeError):
+        FetchPacer(SimpleNamespace(), 5, 50, 1000)  # not started: no fetcher

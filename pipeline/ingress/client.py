@@ -23,7 +23,7 @@ from pipeline.contracts.base import now_ms
 from pipeline.contracts.request import ChatBody, ChatMessage
 from pipeline.runtime.codec import decode, encode, request_headers
 from pipeline.runtime.errors import DecodeError
-from pipeline.runtime.polling import guarded_getmany
+from pipeline.runtime.polling import FetchPacer, guarded_getmany
 from pipeline.runtime.topics import TopicNames
 
 log = logging.getLogger(__name__)
@@ -160,8 +160,10 @@ class Client:
 
     async def _read_replies(self) -> None:
         assert self.consumer is not None
+        pacer = FetchPacer(self.consumer, 5, 100, 500)  # fast while answers are awaited
         while True:
-            batches = await guarded_getmany(self.consumer, "client replies")
+            batches = await guarded_getmany(self.consumer, "client replies", timeout_ms=20)
+            pacer.saw(sum(len(r) for r in batches.values()) + len(self._pending))
             for records in batches.values():
                 for rec in records:
                     self._deliver(rec.value)

@@ -17,7 +17,7 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from pipeline.contracts import ControlRecord, Marker
 from pipeline.runtime.codec import decode, encode
 from pipeline.runtime.errors import DecodeError
-from pipeline.runtime.polling import guarded_getmany
+from pipeline.runtime.polling import FetchPacer, guarded_getmany
 
 log = logging.getLogger(__name__)
 
@@ -75,8 +75,10 @@ class ControlFollower:
 
     async def _follow(self) -> None:
         assert self.consumer is not None
+        pacer = FetchPacer(self.consumer, 20, 200, 2000)  # control changes are rare; a catch-up marker wakes it
         while True:
             batches = await guarded_getmany(self.consumer, "control follower", timeout_ms=200)
+            pacer.saw(sum(len(r) for r in batches.values()))
             for records in batches.values():
                 for rec in records:
                     try:

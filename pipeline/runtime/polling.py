@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 
 from aiokafka import AIOKafkaConsumer
 from aiokafka.errors import KafkaError
@@ -23,3 +24,36 @@ async def guarded_getmany(consumer: AIOKafkaConsumer, what: str, *, timeout_ms: 
         log.warning("%s: poll failed: %r", what, exc)
         await asyncio.sleep(0.5)
     return {}
+
+
+class FetchPacer:
+    """Poll fast while records flow, slowly while a consumer is idle.
+
+    The embedded broker answers a fetch on an empty partition only after fetch_max_wait_ms (it
+    does not wake on new data), so that wait is both the hop latency and the idle cost: every
+    consumer fetching every 5 ms keeps the broker about half a core busy on a 2-core host
+    (bench/generate_bench.py), which is CPU the engine needs. After `idle_after_ms` without a
+    record the wait becomes `idle_wait_ms`; the next record brings it back. aiokafka reads the wait
+    from its fetcher for every fetch request; it has no public setter, so this sets the attribute
+    (aiokafka is pinned, and tests/test_runtime_units.py fails if the attribute goes away).
+    """
+
+    def __init__(self, consumer: AIOKafkaConsumer, fast_ms: int, idle_wait_ms: int, idle_after_ms: int) -> None:
+        fetcher = getattr(consumer, "_fetcher", None)
+        if fetcher is None or not hasattr(fetcher, "_fetch_max_wait_ms"):
+            raise RuntimeError("FetchPacer needs a started aiokafka consumer with a fetcher")
+        self._fetcher = fetcher
+        self.fast_ms, self.idle_wait_ms, self.idle_after_s = fast_ms, max(fast_ms, idle_wait_ms), idle_after_ms / 1000
+        self._last = time.monotonic()
+        self.idle = False
+
+    def saw(self, records: int, now: float | None = None) -> None:
+        now = time.monotonic() if now is None else now
+        if records:
+            self._last = now
+            if self.idle:
+                self.idle = False
+                self._fetcher._fetch_max_wait_ms = self.fast_ms
+        elif not self.idle and self.idle_wait_ms > self.fast_ms and now - self._last >= self.idle_after_s:
+            self.idle = True
+            self._fetcher._fetch_max_wait_ms = self.idle_wait_ms

@@ -33,7 +33,7 @@ from pipeline.runtime.flow import BoundedQueue
 from pipeline.runtime.handler import Handler, Item
 from pipeline.runtime.metrics import StageMetrics
 from pipeline.runtime.offsets import OffsetTracker
-from pipeline.runtime.polling import guarded_getmany
+from pipeline.runtime.polling import FetchPacer, guarded_getmany
 from pipeline.runtime.outputs import make_producer
 from pipeline.settings import ConsumerSettings, RuntimeSettings, Settings
 
@@ -182,6 +182,8 @@ class StageWorker:
     async def _fetch_loop(self) -> None:
         assert self.consumer is not None
         guard = self.consumer_settings.poll_guard_s
+        c = self.consumer_settings
+        pacer = FetchPacer(self.consumer, c.fetch_max_wait_ms, c.idle_fetch_max_wait_ms, c.idle_after_ms)
         while self._fetching:
             if self.queue.paused:
                 if await self.queue.wait_below_low(0.2):
@@ -194,6 +196,7 @@ class StageWorker:
                 continue
             batches = await guarded_getmany(self.consumer, f"stage {self.handler.name}", guard_s=guard,
                                             max_records=room)
+            pacer.saw(sum(len(r) for r in batches.values()))
             for tp, records in batches.items():
                 gen = self._generation.get(tp)
                 if gen is None:

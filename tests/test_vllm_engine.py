@@ -81,3 +81,12 @@ async def test_concurrent_requests_are_batched(engine):
     serial_estimate = sum(o.e2e_ms for o in outs) / 1000
     assert all(o.token_ids for o in outs)
     assert wall < serial_estimate, "requests overlapped in the engine (continuous batching)"
+    assert all(o.engine_queue_ms is not None and o.engine_queue_ms >= 0 for o in outs), "engine queue time recorded"
+
+
+@pytest.mark.asyncio(loop_scope="session")
+async def test_more_requests_than_engine_slots_wait_in_the_engine_queue(engine):
+    outs = await asyncio.gather(*(engine.generate([{"role": "user", "content": f"Write a poem about {i}."}],
+                                                  Sampling(max_tokens=24)) for i in range(engine.max_num_seqs + 4)))
+    waits = sorted(o.engine_queue_ms for o in outs)
+    assert waits[-1] > 10 * max(1.0, waits[0]), f"the last ones waited for a free slot: {waits}"

@@ -139,6 +139,7 @@ class GenerationSection(WireModel):
     tpot_ms: float | None = None
     itl_p50_ms: float | None = None
     itl_max_ms: float | None = None
+    engine_queue_ms: float | None = Field(None, description="time in the engine's queue (in-process vLLM only)")
     attempts: int = Field(1, description="engine attempts, across retries and fallbacks")
     fallback_from: list[str] = Field(default_factory=list, description="deployments tried before this one")
     cost_usd: float = 0.0

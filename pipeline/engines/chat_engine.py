@@ -29,6 +29,7 @@ class Generation:
     itl_ms: list[float] = field(default_factory=list)  # inter-token latencies (per streamed chunk)
     e2e_ms: float = 0.0
     model_revision: str = ""
+    engine_queue_ms: float | None = None  # waiting in the engine's scheduler before the first step
 
     @property
     def tpot_ms(self) -> float | None:

@@ -48,9 +48,23 @@ class VllmEngine:
         from vllm.engine.arg_utils import AsyncEngineArgs
         from vllm.v1.engine.async_llm import AsyncLLM
 
+        from vllm.v1.metrics.loggers import StatLoggerBase
+
+        class PerRequestStatsOnly(StatLoggerBase):
+            """Makes vLLM keep per-request timestamps (engine queue time) without its periodic log lines."""
+
+            def __init__(self, vllm_config, engine_index: int = 0) -> None:
+                pass
+
+            def record(self, *args, **kwargs) -> None:
+                pass
+
+            def log_engine_initialized(self) -> None:
+                pass
+
         args = AsyncEngineArgs(model=str(self.model_dir), dtype=self.dtype, max_model_len=self.max_model_len,
                                enforce_eager=True, max_num_seqs=self.max_num_seqs, seed=0, disable_log_stats=True)
-        self.engine = AsyncLLM.from_engine_args(args)
+        self.engine = AsyncLLM.from_engine_args(args, stat_loggers=[PerRequestStatsOnly])
         self.tokenizer = self.engine.get_tokenizer()
         return self
 
@@ -107,7 +121,9 @@ class VllmEngine:
         if sampling.logprobs and c.logprobs is not None:
             logprobs = [float(step[tid].logprob) for tid, step in zip(c.token_ids, c.logprobs)]
         end = time.perf_counter()
-        return Generation(text=c.text, prompt_token_ids=list(final.prompt_token_ids or ids),
+        m = getattr(final, "metrics", None)
+        queue_ms = (m.scheduled_ts - m.queued_ts) * 1000 if m is not None and m.scheduled_ts and m.queued_ts else None
+        return Generation(engine_queue_ms=queue_ms, text=c.text, prompt_token_ids=list(final.prompt_token_ids or ids),
                           token_ids=[int(t) for t in c.token_ids], logprobs=logprobs,
                           finish_reason=str(c.finish_reason), ttft_ms=((first or end) - t0) * 1000, itl_ms=itl,
                           e2e_ms=(end - t0) * 1000, model_revision=self.revision)

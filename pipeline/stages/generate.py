@@ -81,6 +81,7 @@ def section_from(g: Generation, d: Deployment, *, attempts: int, fallback_from: 
         ttft_ms=round(g.ttft_ms, 2), tpot_ms=None if g.tpot_ms is None else round(g.tpot_ms, 2),
         itl_p50_ms=round(statistics.median(g.itl_ms), 2) if g.itl_ms else None,
         itl_max_ms=round(max(g.itl_ms), 2) if g.itl_ms else None,
+        engine_queue_ms=None if g.engine_queue_ms is None else round(g.engine_queue_ms, 2),
         attempts=attempts, fallback_from=fallback_from, cost_usd=round(cost, 8))
 
 
@@ -266,7 +267,9 @@ class GenerateStage(Stage):
                                           "ttft_ms": sec.ttft_ms, "attempts": float(attempt),
                                           "added_latency_ms": round(added, 2), "cost_usd": sec.cost_usd,
                                           "estimated_cost_usd": estimated_cost(d, needs),
-                                          **({"tpot_ms": sec.tpot_ms} if sec.tpot_ms else {})},
+                                          **({"tpot_ms": sec.tpot_ms} if sec.tpot_ms else {}),
+                                          **({"engine_queue_ms": sec.engine_queue_ms}
+                                             if sec.engine_queue_ms is not None else {})},
                                   candidates=a.tried, revisions={"model": sec.model_revision})
             return Outcome.forward(doc, *a.rows, final)
         return self._failed(a, "all_deployments_unavailable",

@@ -34,6 +34,8 @@ cache_app = typer.Typer(no_args_is_help=True, help="Semantic cache operations.")
 app.add_typer(cache_app, name="cache")
 models_app = typer.Typer(no_args_is_help=True, help="Model files (prepared once, offline).")
 app.add_typer(models_app, name="models")
+tenants_app = typer.Typer(no_args_is_help=True, help="Tenants, API keys and limits (published on control).")
+app.add_typer(tenants_app, name="tenants")
 out = Console()
 err = Console(stderr=True)
 
@@ -465,8 +467,6 @@ def cache_invalidate(tenant: Annotated[str, typer.Option("--tenant")],
     import time
 
     from pipeline.contracts import CacheInvalidate
-    from pipeline.runtime.codec import encode
-    from pipeline.runtime.topics import TopicNames
 
     s = _settings(data_dir, config, bootstrap)
     bs, prefix = _stack_bootstrap(s)
@@ -474,22 +474,123 @@ def cache_invalidate(tenant: Annotated[str, typer.Option("--tenant")],
     record = CacheInvalidate(tenant=tenant, model_revision=model_revision, prompt_revision=prompt_revision,
                              data_version=data_version, before_ms=now - (parse_duration_ms(older_than) if older_than else 0))
 
-    async def run() -> None:
-        from aiokafka import AIOKafkaProducer
-
-        p = AIOKafkaProducer(bootstrap_servers=bs, acks="all", enable_idempotence=False)
-        await p.start()
-        try:
-            await p.send_and_wait(TopicNames(prefix)("control"), encode(record), key=f"cache:{tenant}".encode())
-        finally:
-            await p.stop()
-
-    asyncio.run(run())
+    _publish_control(bs, prefix, [(f"cache:{tenant}", record)])
     doc = record.model_dump(mode="json")
     if json:
         _print_json(doc)
     else:
         out.print(f"invalidation published for tenant {tenant}: entries created before {record.before_ms}")
+
+
+def _publish_control(bootstrap: str, prefix: str, records: list[tuple[str, Any]]) -> None:
+    """Publish (key, record) pairs on `control`, in order, acknowledged by the broker."""
+    from aiokafka import AIOKafkaProducer
+
+    from pipeline.runtime.codec import encode
+    from pipeline.runtime.topics import TopicNames
+
+    async def run() -> None:
+        p = AIOKafkaProducer(bootstrap_servers=bootstrap, acks="all", enable_idempotence=False)
+        await p.start()
+        try:
+            for key, record in records:
+                await p.send_and_wait(TopicNames(prefix)("control"), encode(record), key=key.encode())
+        finally:
+            await p.stop()
+
+    asyncio.run(run())
+
+
+def _limits_given(**given: Any) -> dict[str, Any]:
+    from pipeline.stages.tenants import TenantLimits
+
+    limits = {k: v for k, v in given.items() if v is not None}
+    TenantLimits.model_validate(limits)  # refuse a bad value here, before anything is published
+    return limits
+
+
+Rpm = Annotated[Optional[int], typer.Option("--rpm", help="requests per rolling minute")]
+Tpm = Annotated[Optional[int], typer.Option("--tpm", help="tokens per rolling minute")]
+Concurrency = Annotated[Optional[int], typer.Option("--concurrency", help="requests in flight")]
+DailyBudget = Annotated[Optional[float], typer.Option("--daily-budget", help="USD per UTC day")]
+MonthlyBudget = Annotated[Optional[float], typer.Option("--monthly-budget", help="USD per calendar month")]
+MaxQueue = Annotated[Optional[int], typer.Option("--max-queue", help="requests that may wait for a slot")]
+
+
+@tenants_app.command("add")
+@command
+def tenants_add(name: Annotated[str, typer.Argument(help="tenant name")], rpm: Rpm = None, tpm: Tpm = None,
+                concurrency: Concurrency = None, daily_budget: DailyBudget = None, monthly_budget: MonthlyBudget = None,
+                max_queue: MaxQueue = None,
+                principal: Annotated[str, typer.Option("--principal", help="who uses the key")] = "default",
+                role: Annotated[list[str], typer.Option("--role", help="repeatable")] = [],  # noqa: B006
+                data_dir: DataDir = Path(".llmpipe"), config: ConfigFile = None, bootstrap: Bootstrap = None,
+                json: Json = False) -> None:
+    """Create (or update) a tenant and issue an API key for it: printed once, only its hash is kept."""
+    from pipeline.contracts.control import ApiKeyIssued, TenantUpsert
+    from pipeline.stages.tenants import TenantSpec, key_hash, key_id, new_api_key
+
+    TenantSpec(name=name)  # validates the name
+    limits = _limits_given(rpm=rpm, tpm=tpm, concurrency=concurrency, daily_budget_usd=daily_budget,
+                           monthly_budget_usd=monthly_budget, max_queue=max_queue)
+    s = _settings(data_dir, config, bootstrap)
+    bs, prefix = _stack_bootstrap(s)
+    api_key = new_api_key()
+    digest = key_hash(api_key)
+    _publish_control(bs, prefix, [(f"tenant:{name}", TenantUpsert(tenant=name, limits=limits)),
+                                  (f"key:{digest}", ApiKeyIssued(tenant=name, key_sha256=digest, principal=principal,
+                                                                  roles=role))])
+    doc = {"tenant": name, "api_key": api_key, "key_id": key_id(digest), "limits": limits}
+    if json:
+        _print_json(doc)
+    else:
+        out.print(f"tenant {name}: api key {api_key} (key id {key_id(digest)}; shown once, store it now)")
+
+
+@tenants_app.command("set-limits")
+@command
+def tenants_set_limits(name: Annotated[str, typer.Argument(help="tenant name")], rpm: Rpm = None, tpm: Tpm = None,
+                       concurrency: Concurrency = None, daily_budget: DailyBudget = None,
+                       monthly_budget: MonthlyBudget = None, max_queue: MaxQueue = None,
+                       data_dir: DataDir = Path(".llmpipe"), config: ConfigFile = None, bootstrap: Bootstrap = None,
+                       json: Json = False) -> None:
+    """Change some of a tenant's limits while the stack runs (the others keep their values)."""
+    from pipeline.contracts.control import TenantUpsert
+
+    limits = _limits_given(rpm=rpm, tpm=tpm, concurrency=concurrency, daily_budget_usd=daily_budget,
+                           monthly_budget_usd=monthly_budget, max_queue=max_queue)
+    if not limits:
+        raise CliError("give at least one limit to change")
+    s = _settings(data_dir, config, bootstrap)
+    bs, prefix = _stack_bootstrap(s)
+    _publish_control(bs, prefix, [(f"tenant:{name}", TenantUpsert(tenant=name, limits=limits))])
+    if json:
+        _print_json({"tenant": name, "limits": limits})
+    else:
+        out.print(f"tenant {name}: limits {limits} published")
+
+
+@tenants_app.command("revoke-key")
+@command
+def tenants_revoke_key(key: Annotated[Optional[str], typer.Option("--key", help="the API key", envvar="LLMPIPE_REVOKE_KEY")] = None,
+                       sha256: Annotated[Optional[str], typer.Option("--sha256", help="or its SHA-256")] = None,
+                       data_dir: DataDir = Path(".llmpipe"), config: ConfigFile = None, bootstrap: Bootstrap = None,
+                       json: Json = False) -> None:
+    """Revoke an API key on every worker; requests with it are rejected `unauthenticated`."""
+    from pipeline.contracts.control import ApiKeyRevoked
+    from pipeline.stages.tenants import key_hash, key_id
+
+    if (key is None) == (sha256 is None):
+        raise CliError("give exactly one of --key or --sha256")
+    digest = key_hash(key) if key is not None else (sha256 or "").lower()
+    record = ApiKeyRevoked(key_sha256=digest)
+    s = _settings(data_dir, config, bootstrap)
+    bs, prefix = _stack_bootstrap(s)
+    _publish_control(bs, prefix, [(f"key:{digest}", record)])
+    if json:
+        _print_json({"revoked_key_id": key_id(digest)})
+    else:
+        out.print(f"key {key_id(digest)} revoked")
 
 
 @app.command("cache-eval")

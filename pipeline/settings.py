@@ -14,6 +14,8 @@ from pydantic_settings import (
     YamlConfigSettingsSource,
 )
 
+from pipeline.stages.tenants import TenantSpec
+
 CONFIG_ENV = "LLMPIPE_CONFIG"
 DEFAULT_CONFIG_FILE = "llmpipe.yaml"
 
@@ -114,6 +116,13 @@ def default_deployments() -> list[Deployment]:
     return [Deployment(name="local-vllm", engine="vllm", json_schema=True)]
 
 
+class AuthSettings(BaseModel):
+    """How mask treats requests without an API key. Keys present are always verified."""
+
+    required: bool = Field(False, description="true: a request without an API key is rejected unauthenticated "
+                                              "(production); false: trusted producers may publish tenant_id directly")
+
+
 class SecretSettings(BaseModel):
     """Secrets come from the environment or a secret-mounted file, never from logs or topics."""
 
@@ -161,6 +170,8 @@ class Settings(BaseSettings):
     secrets: SecretSettings = SecretSettings()
     engine: EngineSettings = EngineSettings()
     deployments: list[Deployment] = Field(default_factory=default_deployments)
+    tenants: list[TenantSpec] = Field(default_factory=list, description="tenants and hashed keys; control adds more")
+    auth: AuthSettings = AuthSettings()
     log_level: str = "INFO"
 
     @classmethod

@@ -1,5 +1,5 @@
-"""Records on the `control` topic: cache write-backs and invalidations, circuit-breaker states (and,
-later, policy versions and the adapter registry). Every cache worker follows the whole topic, so
+"""Records on the `control` topic: cache write-backs and invalidations, circuit-breaker states, the tenant
+registry (tenants, limits, hashed API keys) (and, later, policy versions and the adapter registry). Every cache worker follows the whole topic, so
 each keeps a complete index replica and applies invalidations in order; generate workers follow it
 for breaker states."""
 
@@ -48,6 +48,35 @@ class BreakerUpdate(WireModel):
     at_ms: int = Field(default_factory=now_ms)
 
 
+class TenantUpsert(WireModel):
+    """Create a tenant or change some of its limits (fields absent from `limits` keep their value)."""
+
+    schema_: Literal["control/v1"] = Field(CONTROL_SCHEMA, alias="schema")
+    kind: Literal["tenant_upsert"] = "tenant_upsert"
+    tenant: str = Field(min_length=1, max_length=64)
+    limits: dict[str, int | float | None] = Field(default_factory=dict)
+    at_ms: int = Field(default_factory=now_ms)
+
+
+class ApiKeyIssued(WireModel):
+    """A new key for a tenant. Only its SHA-256 travels; the key itself is shown once to the operator."""
+
+    schema_: Literal["control/v1"] = Field(CONTROL_SCHEMA, alias="schema")
+    kind: Literal["api_key_issued"] = "api_key_issued"
+    tenant: str = Field(min_length=1, max_length=64)
+    key_sha256: str = Field(pattern=r"^[0-9a-f]{64}$")
+    principal: str = "default"
+    roles: list[str] = Field(default_factory=list)
+    at_ms: int = Field(default_factory=now_ms)
+
+
+class ApiKeyRevoked(WireModel):
+    schema_: Literal["control/v1"] = Field(CONTROL_SCHEMA, alias="schema")
+    kind: Literal["api_key_revoked"] = "api_key_revoked"
+    key_sha256: str = Field(pattern=r"^[0-9a-f]{64}$")
+    at_ms: int = Field(default_factory=now_ms)
+
+
 class Marker(WireModel):
     """Written by a follower to learn it has caught up (end offsets are unreliable on Tansu)."""
 
@@ -56,5 +85,5 @@ class Marker(WireModel):
     marker_id: str
 
 
-class ControlRecord(RootModel[Annotated[Union[CachePut, CacheInvalidate, BreakerUpdate, Marker], Field(discriminator="kind")]]):
+class ControlRecord(RootModel[Annotated[Union[CachePut, CacheInvalidate, BreakerUpdate, TenantUpsert, ApiKeyIssued, ApiKeyRevoked, Marker], Field(discriminator="kind")]]):
     pass

@@ -171,6 +171,8 @@ class RequestDoc(WireModel):
     request_id: str = Field(min_length=1, max_length=128)
     tenant_id: str | None = Field(None, max_length=128)
     principal: str | None = None
+    roles: list[str] = Field(default_factory=list, description="the caller's roles, from its API key")
+    key_id: str | None = Field(None, description="first 12 hex of the API key's SHA-256 (set by mask)")
     # Carried only on events published straight to Kafka; mask verifies and strips it.
     api_key: str | None = None
     created_ms: int = Field(default_factory=now_ms)

@@ -13,11 +13,14 @@ from typing import Any
 
 from pydantic import Field
 
-from pipeline.contracts import RequestDoc
+from pipeline.contracts import RequestDoc, Response, Status
 from pipeline.contracts.request import ChatMessage, MaskingSection
+from pipeline.runtime.follower import ControlFollower
 from pipeline.runtime.stage import Outcome, StageContext, ThreadedStage
+from pipeline.runtime.topics import TopicNames
 from pipeline.stages.masker import Masker, MaskPolicy, MaskResult
 from pipeline.stages.restore_mapping import Keyring, keyring_for, seal
+from pipeline.stages.tenants import TenantLimits, TenantRegistry
 
 
 class MaskStagePolicy(MaskPolicy):
@@ -46,6 +49,30 @@ def mask_document(doc: RequestDoc, masker: Masker, keyring: Keyring) -> tuple[Re
     return doc.model_copy(update={"body": body, "masking": section}), result
 
 
+def authenticate(doc: RequestDoc, registry: TenantRegistry, required: bool) -> tuple[RequestDoc, str | None, str]:
+    """(doc with the key stripped and the caller filled in, rejection class or None, reason).
+    The key never travels past this stage; only its key id reaches evidence."""
+    if doc.api_key is None:
+        if required:
+            return doc, "unauthenticated", "an API key is required"
+        return doc, None, "no key: trusted producer"
+    caller = registry.authenticate(doc.api_key)
+    stripped = doc.model_copy(update={"api_key": None})
+    if caller is None:
+        return stripped, "unauthenticated", registry.why_refused(doc.api_key)
+    if doc.tenant_id is not None and doc.tenant_id != caller.tenant:
+        return stripped, "unauthenticated", "the key belongs to another tenant"
+    authed = stripped.model_copy(update={"tenant_id": caller.tenant, "principal": caller.principal,
+                                         "roles": list(caller.roles), "key_id": caller.key_id})
+    return authed, None, f"key {caller.key_id}"
+
+
+def size_refusal(doc: RequestDoc, limits: TenantLimits | None) -> str | None:
+    limit = limits.max_prompt_chars if limits is not None else TenantLimits().max_prompt_chars
+    n = sum(len(m.content) for m in doc.body.messages)
+    return f"prompt of {n} characters > {limit}" if n > limit else None
+
+
 class MaskStage(ThreadedStage):
     max_batch = 16
     max_wait_ms = 2
@@ -55,6 +82,8 @@ class MaskStage(ThreadedStage):
         super().__init__(ctx)
         self.keyring = keyring_for(ctx.settings)
         self._maskers: dict[str, Masker] = {}
+        self.registry = TenantRegistry(ctx.settings.tenants)
+        self.follower: ControlFollower | None = None
 
     def masker_for(self, tenant: str | None) -> Masker:
         key = tenant if tenant in self.policy.tenants else ""
@@ -65,8 +94,27 @@ class MaskStage(ThreadedStage):
     async def start(self) -> None:
         # build and exercise the recognizers once (regexes compile lazily) before the first record
         await asyncio.to_thread(lambda: self.masker_for(None).mask(["warm-up a@b.co 010-0000-0000 김철수님"]))
+        if self.ctx.bootstrap:  # tenants and keys added while running arrive on control
+            names = TopicNames(self.ctx.topic_prefix)
+            self.follower = await ControlFollower(self.ctx.bootstrap, names("control"), self.registry.apply).start()
+
+    async def stop(self) -> None:
+        if self.follower is not None:
+            await self.follower.stop()
+
+    def reject(self, doc: RequestDoc, error_class: str, reason: str, evidence_reason: str) -> Outcome:
+        resp = Response(request_id=doc.request_id, status=Status.rejected, error_class=error_class, reason=reason,
+                        answered_by=self.name)
+        return Outcome.answer(doc, resp, self.evidence(doc, "rejected", f"{error_class}: {evidence_reason}"))
 
     def decide(self, doc: RequestDoc) -> Outcome:
+        doc, refused, why = authenticate(doc, self.registry, self.ctx.settings.auth.required)
+        if refused is not None:  # the caller does not learn whether a key is unknown or revoked
+            told = "unknown or revoked API key" if why in ("unknown_key", "revoked_key") else why
+            return self.reject(doc, refused, told, why)
+        too_big = size_refusal(doc, self.registry.limits_for(doc.tenant_id))
+        if too_big is not None:
+            return self.reject(doc, "too_large", too_big, too_big)
         masker = self.masker_for(doc.tenant_id)
         masked, result = mask_document(doc, masker, self.keyring)
         assert masked.masking is not None

@@ -77,3 +77,17 @@ class BatchLength(Stage):
             resp = Response(request_id=doc.request_id, status=Status.ok, text=str(len(docs)), answered_by=self.name)
             out.append(Outcome.answer(doc, resp, self.evidence(doc, "batched", scores={"batch_size": float(len(docs))})))
         return out
+
+
+class Spend(Stage):
+    """Answers after policy.sleep_ms, having spent exactly what admit reserved: the budget's worst case."""
+
+    async def process(self, doc: RequestDoc) -> Outcome:
+        from pipeline.contracts.response import Usage
+
+        await asyncio.sleep(float(self.ctx.policy.get("sleep_ms", 0)) / 1000)
+        adm = doc.admission
+        resp = Response(request_id=doc.request_id, status=Status.ok, text="spent", answered_by=self.name,
+                        cost_usd=adm.cost_reserved_usd if adm else 0.0,
+                        usage=Usage(prompt_tokens=adm.tokens_reserved if adm else 0))
+        return Outcome.answer(doc, resp, self.evidence(doc, "spent"))

@@ -18,14 +18,14 @@ def test_submit_answers_paris_then_the_cache_serves_the_repeat(tmp_path):
     assert up.returncode == 0, up.stderr
     info = last_json(up)
     try:
-        assert info["stages"] == ["mask", "cache", "route", "generate", "postprocess"]
+        assert info["stages"] == ["mask", "cache", "route", "admit", "generate", "postprocess"]
         first = llmpipe("submit", "--prompt", "What is the capital of France?", "--json", data_dir=tmp_path, timeout=300)
         assert first.returncode == 0, first.stderr
         a = last_json(first)
         assert a["status"] == "ok" and "Paris" in a["text"], a
         assert a["cache"] == "miss" and a["route"] and a["model"] == "smollm2-135m-instruct"
         assert a["usage"]["completion_tokens"] > 0 and a["usage"]["prompt_tokens"] > 0
-        assert set(a["timings"]) == {"mask", "cache", "route", "generate", "postprocess"}
+        assert set(a["timings"]) == {"mask", "cache", "route", "admit", "generate", "postprocess"}
         # the write-back travels on control to the cache worker; then the same question is a hit
         deadline = time.monotonic() + 60
         while True:
@@ -118,6 +118,7 @@ def load_all_kinds_and_check_every_answer_and_row(tmp_path) -> None:
                if not set(r["passed"]) <= set(r["decided"])]
     assert not missing, missing[:5]
     assert all({"mask", "cache", "route"} <= set(r["passed"]) for r in passed)
+    assert sum("admit" in r["passed"] for r in passed) >= 150, "every miss passes admit"
     for table in ("decisions", "requests"):
         dump = llmpipe("sql", f"SELECT * FROM {table}", "--format", "json", data_dir=tmp_path).stdout
         assert "@example.com" not in dump and "김민수" not in dump, f"PII in {table}"

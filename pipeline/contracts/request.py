@@ -145,6 +145,18 @@ class GenerationSection(WireModel):
     cost_usd: float = 0.0
 
 
+class AdmissionSection(WireModel):
+    """Filled by admit: what was reserved for the request and how long it waited for it."""
+
+    decision: Literal["admitted"]
+    reason: str
+    tokens_reserved: int = Field(ge=0, description="prompt tokens + max_tokens")
+    cost_reserved_usd: float = Field(ge=0, description="worst case over the deployments it may run on")
+    waited_ms: int = Field(0, ge=0, description="time in the tenant's wait queue")
+    metered: bool = Field(True, description="false: the tenant has no configured limits")
+    policy_version: str
+
+
 class MaskingSection(WireModel):
     """Filled by mask. Entity texts never appear here: only counts, and the sealed restore mapping."""
 
@@ -189,7 +201,7 @@ class RequestDoc(WireModel):
     masking: MaskingSection | None = None
     cache: CacheSection | None = None
     route: RouteSection | None = None
-    admission: Section | None = None
+    admission: AdmissionSection | None = None
     media: Section | None = None
     vision: Section | None = None
     generation: GenerationSection | None = None

@@ -37,6 +37,7 @@ class Response(WireModel):
     text: str | None = None
     error_class: str | None = Field(None, description="machine-readable class, e.g. schema_invalid")
     reason: str | None = Field(None, description="one human-readable line")
+    retry_after_ms: int | None = Field(None, description="rejections: when trying again may succeed")
     answered_by: str = Field(description="stage that produced this answer")
     route: str | None = None
     model: str | None = None

@@ -26,7 +26,7 @@ def stage_worker(settings: Settings, topology: Topology, stage: str, bootstrap: 
     names = TopicNames(settings.topic_prefix)
     worker_id = settings.worker_id or default_worker_id()
     handler = StageHandler(topology.build(stage, bootstrap=bootstrap), topology, names, worker_id)
-    topics = [names.stage_input(stage)]
+    topics = [names.stage_input(stage), *(names(t) for t in handler.stage.side_inputs)]
     if stage == topology.first:
         topics.append(names.requests)  # external producers publish to `requests`
     spec = topology.spec(stage)

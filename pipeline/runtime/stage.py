@@ -73,6 +73,9 @@ class Stage:
     input_model: ClassVar[type[RequestDoc]] = RequestDoc
     #: the stage's typed policy: `self.policy` is validated from the StageSpec's policy mapping
     policy_model: ClassVar[type[BaseModel] | None] = None
+    #: more input topics (registry name -> value model) read by the same consumer, so they are
+    #: co-partitioned with the stage's input (e.g. admit's completions, keyed by tenant like its input)
+    side_inputs: ClassVar[dict[str, type[BaseModel]]] = {}
 
     def __init__(self, ctx: StageContext) -> None:
         self.ctx = ctx
@@ -93,6 +96,10 @@ class Stage:
 
     async def stop(self) -> None:
         """Release what start() took."""
+
+    async def on_side_input(self, topic: str, value: BaseModel) -> list[Evidence]:
+        """Apply one record of a side input (see `side_inputs`); returns evidence rows, if any."""
+        raise NotImplementedError(f"{type(self).__name__} declares side inputs but does not handle them")
 
     async def process(self, doc: RequestDoc) -> Outcome:
         raise NotImplementedError(f"{type(self).__name__} implements neither process nor process_batch")

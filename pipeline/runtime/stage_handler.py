@@ -84,6 +84,8 @@ class StageHandler:
         self.backoff_ms = rt.retry_backoff_ms
         self.metrics = StageMetrics(stage.name)
         self.producer: AIOKafkaProducer | None = None
+        self._side_models = {names(t): m for t, m in stage.side_inputs.items()}
+        self._repartition = not topology.keyed_like_requests(stage.name) and replay is None
 
     async def start(self, producer: AIOKafkaProducer) -> None:
         self.producer = producer
@@ -100,6 +102,10 @@ class StageHandler:
         work: list[_Work] = []
         for it in items:
             started = now_ms()
+            side = self._side_models.get(it.record.topic)
+            if side is not None:
+                await self._side_input(out, it, side)
+                continue
             try:
                 doc = decode(it.record.value, self.stage.input_model)
             except DecodeError as exc:
@@ -107,6 +113,13 @@ class StageHandler:
                 continue
             if self.replay is None and doc.deadline_ms is not None and started > doc.deadline_ms:
                 await self._deadline_exceeded(out, it, doc, started)
+                continue
+            if self._repartition and it.record.topic == self.names.requests:
+                # the entry topic is keyed by request_id; this stage's state is keyed otherwise
+                # (e.g. admit by tenant): move the record onto its input under the right key first
+                await out.send(self.names.stage_input(self.name), it.record.value,
+                               key=self.topology.key_for(self.name, doc), headers=list(it.record.headers or ()))
+                self.metrics.processed("repartitioned")
                 continue
             work.append(_Work(it, doc, started))
         if work:
@@ -143,6 +156,17 @@ class StageHandler:
             await asyncio.sleep(self.backoff_ms * (2 ** (attempt - 1)) / 1000)
             todo = retry
         return results
+
+    async def _side_input(self, out: Outputs, it: Item, model: type) -> None:
+        try:
+            value = decode(it.record.value, model)
+        except DecodeError as exc:
+            await self._poison(out, it, exc.error_class, str(exc), attempts=0, raw=exc.raw)
+            return
+        rows = await self.stage.on_side_input(self.names.registry_name(it.record.topic), value)
+        if rows and not (self.replay and self.replay.shadow):
+            timing = self._timing(it, now_ms(), now_ms())
+            await self._send_evidence(out, [self._stamp(ev, it, timing) for ev in rows])
 
     # ---- outputs ---------------------------------------------------------------------------
 

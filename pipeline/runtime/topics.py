@@ -41,6 +41,10 @@ class TopicNames:
     def __init__(self, prefix: str) -> None:
         self.prefix = prefix
 
+    def registry_name(self, topic: str) -> str:
+        """`llmpipe.admit.release` -> `admit.release`."""
+        return topic[len(self.prefix):] if topic.startswith(self.prefix) else topic
+
     def __call__(self, name: str) -> str:
         return f"{self.prefix}{name}"
 

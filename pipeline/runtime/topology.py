@@ -19,6 +19,7 @@ PRODUCT_STAGES: dict[str, str] = {
     "mask": "pipeline.stages.mask:MaskStage",
     "cache": "pipeline.stages.cache:CacheStage",
     "route": "pipeline.stages.route:RouteStage",
+    "admit": "pipeline.stages.admit:AdmitStage",
     "generate": "pipeline.stages.generate:GenerateStage",
     "postprocess": "pipeline.stages.postprocess:PostprocessStage",
 }
@@ -91,6 +92,12 @@ class Topology:
     def next_after(self, name: str) -> str | None:
         i = self.order.index(name)
         return self.order[i + 1] if i + 1 < len(self.order) else None
+
+    def keyed_like_requests(self, stage: str) -> bool:
+        """Does the stage's input use the `requests` topic's key (request_id)? If not, records
+        entering from `requests` must be repartitioned onto its input before it decides."""
+        topic = self.registry.get(f"stage.{stage}")
+        return topic is None or topic.key == "request_id"
 
     def key_for(self, stage: str, doc: RequestDoc) -> bytes:
         """Key by the registry's rule for the stage's input topic, e.g. `device_id|request_id`."""

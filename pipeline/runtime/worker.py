@@ -26,6 +26,7 @@ import socket
 import time
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRebalanceListener, TopicPartition
+from aiokafka.coordinator.assignors.range import RangePartitionAssignor
 from aiokafka.errors import CommitFailedError, IllegalStateError, KafkaError
 from aiokafka.structs import OffsetAndMetadata
 
@@ -113,6 +114,9 @@ class StageWorker:
             rebalance_timeout_ms=c.rebalance_timeout_ms,
             max_partition_fetch_bytes=c.max_partition_fetch_bytes,
             fetch_max_bytes=c.fetch_max_bytes,
+            # range, not aiokafka's round-robin: partition p of every input topic goes to the same
+            # member, so a stage's side inputs stay co-partitioned with its input (admit's completions)
+            partition_assignment_strategy=(RangePartitionAssignor,),
         )
         self.consumer.subscribe(self.topics, listener=_Rebalance(self))
         await self.consumer.start()

@@ -26,6 +26,7 @@ from pipeline.contracts.base import now_ms
 from pipeline.contracts.request import GenerationSection
 from pipeline.engines.chat_engine import ChatEngine, EngineError, Generation, Sampling, chat_prompt_ids
 from pipeline.engines.model_prep import resolve
+from pipeline.engines.tokenizer import load_chat_tokenizer
 from pipeline.runtime.follower import ControlFollower
 from pipeline.runtime.stage import Outcome, Stage, StageContext
 from pipeline.runtime.topics import TopicNames
@@ -131,10 +132,8 @@ class GenerateStage(Stage):
     async def start(self) -> None:
         s = self.ctx.settings
         path, revision = await asyncio.to_thread(resolve, s.resolved_data_dir(), s.engine.model_dir, s.engine.dtype)
-        from transformers import AutoTokenizer
-
         # counts prompt tokens for the compatibility check, whichever deployment serves the request
-        self.tokenizer = await asyncio.to_thread(AutoTokenizer.from_pretrained, str(path))
+        self.tokenizer = await asyncio.to_thread(load_chat_tokenizer, s)
         timeout_s = self.policy.retry.attempt_timeout_ms / 1000
         for d in self.deployments:
             engine = build_engine(d, default_model_dir=path, default_revision=revision, ctx=self.ctx,

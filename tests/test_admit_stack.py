@@ -48,22 +48,27 @@ async def start(s, broker, admit_workers: int):
     return workers
 
 
+async def burst(s, broker, prefix, admit_workers: int, tenant: str, texts: list[str], timeout_s: float = 120):
+    """Start the stack, send every request at once, wait for every answer, stop the stack."""
+    await create_topics(s)
+    workers = await start(s, broker, admit_workers)
+    try:
+        async with Client(broker.bootstrap, topic_prefix=prefix) as client:
+            docs = [client.build(body=body(t), tenant_id=tenant, timeout_s=timeout_s) for t in texts]
+            futs = await client.submit_many(docs)
+            return docs, [await client.wait(d.request_id, f, timeout_s) for d, f in zip(docs, futs)]
+    finally:
+        for w in reversed(workers):
+            await w.stop()
+
+
 def body(text="Hello there"):
     return ChatBody(messages=[ChatMessage(role="user", content=text)], max_tokens=16)
 
 
 async def test_rpm_is_exact_across_three_admit_workers(broker, prefix, tmp_path, prepared_model):
     s = stack(tmp_path, prefix, broker, prepared_model, [{"name": "acme", "limits": {"rpm": 120}}])
-    await create_topics(s)
-    workers = await start(s, broker, 3)
-    try:
-        async with Client(broker.bootstrap, topic_prefix=prefix) as client:
-            docs = [client.build(body=body(f"q{i}"), tenant_id="acme", timeout_s=120) for i in range(1000)]
-            futs = await client.submit_many(docs)
-            answers = [await client.wait(d.request_id, f, 120) for d, f in zip(docs, futs)]
-    finally:
-        for w in reversed(workers):
-            await w.stop()
+    docs, answers = await burst(s, broker, prefix, 3, "acme", [f"q{i}" for i in range(1000)])
     by = Counter((a.status.value, a.error_class) for a in answers)
     assert by[("ok", None)] == 120, by
     assert by[("rejected", "rate_limited")] == 880 and all(a.retry_after_ms for a in answers if a.status == "rejected")
@@ -91,17 +96,8 @@ async def test_concurrent_requests_cannot_overrun_a_budget(broker, prefix, tmp_p
     budget = 50 * worst + 1e-9
     s = stack(tmp_path, prefix, broker, prepared_model, [{"name": "thrifty", "limits": {"daily_budget_usd": budget}}],
               answer="tests.stages:Spend")
-    await create_topics(s)
     names = TopicNames(prefix)
-    workers = await start(s, broker, 1)
-    try:
-        async with Client(broker.bootstrap, topic_prefix=prefix) as client:
-            docs = [client.build(body=body(), tenant_id="thrifty", timeout_s=120) for _ in range(200)]
-            futs = await client.submit_many(docs)
-            answers = [await client.wait(d.request_id, f, 120) for d, f in zip(docs, futs)]
-    finally:
-        for w in reversed(workers):
-            await w.stop()
+    _, answers = await burst(s, broker, prefix, 1, "thrifty", ["Hello there"] * 200)
     ok = [a for a in answers if a.status == "ok"]
     assert len(ok) == 50, Counter((a.status.value, a.error_class) for a in answers)
     assert sum(a.cost_usd for a in ok) <= budget
@@ -117,17 +113,8 @@ async def test_concurrent_requests_cannot_overrun_a_budget(broker, prefix, tmp_p
 async def test_a_full_tenant_waits_in_a_bounded_queue_then_runs(broker, prefix, tmp_path, prepared_model):
     s = stack(tmp_path, prefix, broker, prepared_model, [{"name": "busy", "limits": {"concurrency": 1, "max_queue": 3}}],
               answer="tests.stages:Spend", answer_policy={"sleep_ms": 300})
-    await create_topics(s)
     names = TopicNames(prefix)
-    workers = await start(s, broker, 1)
-    try:
-        async with Client(broker.bootstrap, topic_prefix=prefix) as client:
-            docs = [client.build(body=body(f"w{i}"), tenant_id="busy", timeout_s=60) for i in range(5)]
-            futs = await client.submit_many(docs)
-            answers = [await client.wait(d.request_id, f, 60) for d, f in zip(docs, futs)]
-    finally:
-        for w in reversed(workers):
-            await w.stop()
+    _, answers = await burst(s, broker, prefix, 1, "busy", [f"w{i}" for i in range(5)], timeout_s=60)
     by = Counter((a.status.value, a.error_class) for a in answers)
     assert by == {("ok", None): 4, ("rejected", "concurrency_limited"): 1}, by
     ev = [decode(r.value, Evidence) for r in await read_topic(broker.bootstrap, names.evidence, 10**9, timeout=3)]

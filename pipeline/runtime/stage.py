@@ -7,6 +7,7 @@ runtime: `process_batch(docs)` returns one Outcome (or an exception) per documen
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
@@ -80,6 +81,7 @@ class Stage:
     def __init__(self, ctx: StageContext) -> None:
         self.ctx = ctx
         self.name = ctx.name
+        self.follower: Any = None  # a ControlFollower once follow_control() ran
         self.policy: Any = self.policy_model.model_validate(ctx.policy) if self.policy_model else ctx.policy
 
     @property
@@ -96,6 +98,22 @@ class Stage:
 
     async def stop(self) -> None:
         """Release what start() took."""
+        await self.stop_following()
+
+    async def follow_control(self, apply: Callable[[object], object]) -> None:
+        """Replay the whole `control` topic into `apply`, then keep applying it (tenants, cache
+        entries, breaker states); returns once caught up. Without a broker (unit use) it does nothing."""
+        if self.ctx.bootstrap:
+            from pipeline.runtime.follower import ControlFollower
+            from pipeline.runtime.topics import TopicNames
+
+            topic = TopicNames(self.ctx.topic_prefix)("control")
+            self.follower = await ControlFollower(self.ctx.bootstrap, topic, apply).start()
+
+    async def stop_following(self) -> None:
+        if self.follower is not None:
+            await self.follower.stop()
+            self.follower = None
 
     async def on_side_input(self, topic: str, value: BaseModel) -> list[Evidence]:
         """Apply one record of a side input (see `side_inputs`); returns evidence rows, if any."""

@@ -20,9 +20,7 @@ from pipeline.contracts import AdmitRelease, Evidence, RequestDoc, Response, Sta
 from pipeline.contracts.request import AdmissionSection
 from pipeline.engines.chat_engine import chat_prompt_ids
 from pipeline.engines.tokenizer import load_chat_tokenizer
-from pipeline.runtime.follower import ControlFollower
 from pipeline.runtime.stage import Outcome, Stage, StageContext
-from pipeline.runtime.topics import TopicNames
 from pipeline.settings import Deployment
 from pipeline.stages.admission import Ask, TenantState, admit, evaluate, now_ms, roll, settle
 from pipeline.stages.tenants import TenantRegistry
@@ -51,7 +49,6 @@ class AdmitStage(Stage):
     def __init__(self, ctx: StageContext) -> None:
         super().__init__(ctx)
         self.registry = TenantRegistry(ctx.settings.tenants)
-        self.follower: ControlFollower | None = None
         self.states: dict[str, TenantState] = defaultdict(TenantState)
         self.queued: dict[str, int] = defaultdict(int)
         self.changed: dict[str, asyncio.Event] = defaultdict(asyncio.Event)
@@ -60,13 +57,7 @@ class AdmitStage(Stage):
 
     async def start(self) -> None:
         self.tokenizer = await asyncio.to_thread(load_chat_tokenizer, self.ctx.settings)
-        if self.ctx.bootstrap:
-            names = TopicNames(self.ctx.topic_prefix)
-            self.follower = await ControlFollower(self.ctx.bootstrap, names("control"), self.registry.apply).start()
-
-    async def stop(self) -> None:
-        if self.follower is not None:
-            await self.follower.stop()
+        await self.follow_control(self.registry.apply)
 
     # ---- completions ---------------------------------------------------------------------------
 

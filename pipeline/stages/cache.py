@@ -14,9 +14,7 @@ from pathlib import Path
 
 from pipeline.contracts import RequestDoc, Response, Status
 from pipeline.engines.embedder import Embedder, ready_shared_embedder
-from pipeline.runtime.follower import ControlFollower
 from pipeline.runtime.stage import Outcome, Stage, StageContext
-from pipeline.runtime.topics import TopicNames
 from pipeline.stages.cache_policy import CachePolicy
 from pipeline.stages.semantic_cache import KEYWORD_FIELDS, NUMERIC_FIELDS, Lookup, SemanticCache
 from pipeline.stores.vector_index import open_index
@@ -34,7 +32,6 @@ class CacheStage(Stage):
     def __init__(self, ctx: StageContext) -> None:
         super().__init__(ctx)
         self.cache: SemanticCache | None = None
-        self.follower: ControlFollower | None = None
         from pipeline.runtime.topology import PRODUCT_STAGES
 
         self.topology_names = [s.name for s in ctx.settings.stages] or list(PRODUCT_STAGES)
@@ -46,13 +43,10 @@ class CacheStage(Stage):
             Path(spec[5:]).mkdir(parents=True, exist_ok=True)
         index = await asyncio.to_thread(open_index, spec, embedder.dim, KEYWORD_FIELDS, NUMERIC_FIELDS)
         self.cache = SemanticCache(index, embedder, self.policy)
-        if self.ctx.bootstrap:  # replay a control changelog before answering anyone
-            names = TopicNames(self.ctx.topic_prefix)
-            self.follower = await ControlFollower(self.ctx.bootstrap, names("control"), self.cache.apply).start()
+        await self.follow_control(self.cache.apply)  # the whole changelog, before answering anyone
 
     async def stop(self) -> None:
-        if self.follower is not None:
-            await self.follower.stop()
+        await self.stop_following()
         if self.cache is not None:
             self.cache.index.close()
 

@@ -27,9 +27,7 @@ from pipeline.contracts.request import GenerationSection
 from pipeline.engines.chat_engine import ChatEngine, EngineError, Generation, Sampling, chat_prompt_ids
 from pipeline.engines.model_prep import resolve
 from pipeline.engines.tokenizer import load_chat_tokenizer
-from pipeline.runtime.follower import ControlFollower
 from pipeline.runtime.stage import Outcome, Stage, StageContext
-from pipeline.runtime.topics import TopicNames
 from pipeline.settings import Deployment
 from pipeline.stages.deployments import (
     RETRYABLE,
@@ -125,7 +123,6 @@ class GenerateStage(Stage):
         self.engines: dict[str, ChatEngine] = {}
         self.slots: dict[str, asyncio.Semaphore] = {d.name: asyncio.Semaphore(d.concurrency) for d in self.deployments}
         self.breakers: dict[str, Breaker] = {d.name: Breaker() for d in self.deployments}
-        self.follower: ControlFollower | None = None
         self.tokenizer = None
         self.member = f"{ctx.settings.worker_id or 'generate'}:{uuid.uuid4().hex[:8]}"
 
@@ -139,13 +136,10 @@ class GenerateStage(Stage):
             engine = build_engine(d, default_model_dir=path, default_revision=revision, ctx=self.ctx,
                                   attempt_timeout_s=timeout_s)
             self.engines[d.name] = await engine.start()
-        if self.ctx.bootstrap:
-            names = TopicNames(self.ctx.topic_prefix)
-            self.follower = await ControlFollower(self.ctx.bootstrap, names("control"), self.apply_control).start()
+        await self.follow_control(self.apply_control)
 
     async def stop(self) -> None:
-        if self.follower is not None:
-            await self.follower.stop()
+        await self.stop_following()
         for engine in self.engines.values():
             await engine.stop()
 

@@ -15,9 +15,7 @@ from pydantic import Field
 
 from pipeline.contracts import RequestDoc, Response, Status
 from pipeline.contracts.request import ChatMessage, MaskingSection
-from pipeline.runtime.follower import ControlFollower
 from pipeline.runtime.stage import Outcome, StageContext, ThreadedStage
-from pipeline.runtime.topics import TopicNames
 from pipeline.stages.masker import Masker, MaskPolicy, MaskResult
 from pipeline.stages.restore_mapping import Keyring, keyring_for, seal
 from pipeline.stages.tenants import TenantLimits, TenantRegistry
@@ -83,7 +81,6 @@ class MaskStage(ThreadedStage):
         self.keyring = keyring_for(ctx.settings)
         self._maskers: dict[str, Masker] = {}
         self.registry = TenantRegistry(ctx.settings.tenants)
-        self.follower: ControlFollower | None = None
 
     def masker_for(self, tenant: str | None) -> Masker:
         key = tenant if tenant in self.policy.tenants else ""
@@ -94,13 +91,7 @@ class MaskStage(ThreadedStage):
     async def start(self) -> None:
         # build and exercise the recognizers once (regexes compile lazily) before the first record
         await asyncio.to_thread(lambda: self.masker_for(None).mask(["warm-up a@b.co 010-0000-0000 김철수님"]))
-        if self.ctx.bootstrap:  # tenants and keys added while running arrive on control
-            names = TopicNames(self.ctx.topic_prefix)
-            self.follower = await ControlFollower(self.ctx.bootstrap, names("control"), self.registry.apply).start()
-
-    async def stop(self) -> None:
-        if self.follower is not None:
-            await self.follower.stop()
+        await self.follow_control(self.registry.apply)  # tenants and keys added while running
 
     def reject(self, doc: RequestDoc, error_class: str, reason: str, evidence_reason: str) -> Outcome:
         resp = Response(request_id=doc.request_id, status=Status.rejected, error_class=error_class, reason=reason,

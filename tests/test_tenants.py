@@ -107,6 +107,14 @@ async def test_keys_added_and_revoked_while_running(broker, prefix, tmp_path):
                 if after.status == "rejected":
                     break
                 await asyncio.sleep(0.2)
+            # what a producer sees from `llmpipe load` with the revoked key: rejections by class
+            traffic = tmp_path / "t.jsonl"
+            traffic.write_text('{"messages": [{"role": "user", "content": "hi"}]}\n' * 5)
+            loaded = await asyncio.to_thread(cli, "load", "--file", str(traffic), "--api-key", key, prefix=prefix,
+                                             bootstrap=broker.bootstrap)
+            assert loaded.returncode == 0, loaded.stderr
+            summary = orjson.loads(loaded.stdout.strip().splitlines()[-1])
+            assert summary["by_status"] == {"rejected": 5} and summary["by_error_class"] == {"unauthenticated": 5}
     finally:
         for w in reversed(workers):
             await w.stop()

@@ -13,7 +13,7 @@ import asyncio
 from pathlib import Path
 
 from pipeline.contracts import RequestDoc, Response, Status
-from pipeline.engines.embedder import Embedder, ready_shared_embedder
+from pipeline.engines.embedder import ready_shared_embedder
 from pipeline.runtime.stage import Outcome, Stage, StageContext
 from pipeline.stages.cache_policy import CachePolicy
 from pipeline.stages.semantic_cache import KEYWORD_FIELDS, NUMERIC_FIELDS, Lookup, SemanticCache

@@ -28,6 +28,7 @@ import tempfile
 import time
 import uuid
 from pathlib import Path
+from collections.abc import Callable
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -78,7 +79,8 @@ class WorkerProc:
 
     def __init__(self, stage: str, s: Settings, log: Path) -> None:
         cfg = log.with_suffix(".yaml")
-        cfg.write_text(yaml.safe_dump({"stages": [x.model_dump(by_alias=True, exclude_none=True) for x in s.stages]}))
+        cfg.write_text(yaml.safe_dump(s.model_dump(mode="json", by_alias=True, exclude_none=True,
+                                                   include={"stages", "tenants", "deployments", "engine"})))
         env = {**os.environ, "LLMPIPE_CONFIG": str(cfg), "LLMPIPE_BOOTSTRAP": s.bootstrap or "",
                "LLMPIPE_TOPIC_PREFIX": s.topic_prefix, "LLMPIPE_DATA_DIR": str(s.data_dir),
                "LLMPIPE_LOG_LEVEL": "WARNING", "PYTHONPATH": str(ROOT)}
@@ -151,15 +153,16 @@ async def latency_bench(broker: EmbeddedBroker, tmp: Path, rate: float, duration
             await w.stop()
 
 
-async def paced(client: Client, rate: float, duration_s: float) -> tuple[list[dict[str, Any]], int, float, int]:
+async def paced(client: Client, rate: float, duration_s: float,
+                build: Callable[[int], RequestDoc] | None = None) -> tuple[list[dict[str, Any]], int, float, int]:
     """Send at `rate` req/s for duration_s (open loop: a late answer never delays the next send)."""
     results: list[dict[str, Any]] = []
     timeouts = 0
 
-    async def one() -> None:
+    async def one(i: int) -> None:
         nonlocal timeouts
         t0 = time.perf_counter()
-        doc = client.build("bench hop latency", timeout_s=60)
+        doc = build(i) if build is not None else client.build("bench hop latency", timeout_s=60)
         try:
             fut = await client.submit(doc)
             resp = await client.wait(doc.request_id, fut, 60)
@@ -178,7 +181,7 @@ async def paced(client: Client, rate: float, duration_s: float) -> tuple[list[di
         delay = start + i / rate - time.perf_counter()
         if delay > 0:
             await asyncio.sleep(delay)
-        tasks.append(asyncio.create_task(one()))
+        tasks.append(asyncio.create_task(one(i)))
     send_span = time.perf_counter() - start
     await asyncio.gather(*tasks)
     return results, n, n / send_span if send_span > 0 else 0.0, timeouts

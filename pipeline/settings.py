@@ -14,7 +14,7 @@ from pydantic_settings import (
     YamlConfigSettingsSource,
 )
 
-from pipeline.stages.tenants import TenantSpec
+from pipeline.stages.tenants import RateLimits, TenantSpec
 
 CONFIG_ENV = "LLMPIPE_CONFIG"
 DEFAULT_CONFIG_FILE = "llmpipe.yaml"
@@ -104,6 +104,9 @@ class Deployment(BaseModel):
     cost_per_1k_output: float = Field(0.0, ge=0)
     api_key_env: str | None = Field(None, description="openai engine: environment variable holding its API key")
     concurrency: int = Field(16, ge=1, description="max requests in flight to this deployment per worker")
+    limits: RateLimits = Field(default_factory=RateLimits,
+                               description="global limits over every tenant, enforced by admit: each admit "
+                                           "partition owns an equal share, so the sum never exceeds them")
 
     @model_validator(mode="after")
     def _engine_fields(self) -> "Deployment":

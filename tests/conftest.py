@@ -79,7 +79,9 @@ class Proc:
     def __init__(self, stage: str, settings: Settings, log: Path, env: dict[str, str] | None = None,
                  args: list[str] | None = None) -> None:
         cfg = log.with_suffix(".yaml")
-        cfg.write_text(yaml.safe_dump({"stages": [s.model_dump(by_alias=True, exclude_none=True) for s in settings.stages]}))
+        cfg.write_text(yaml.safe_dump(settings.model_dump(
+            mode="json", by_alias=True, exclude_none=True,
+            include={"stages", "tenants", "deployments", "engine", "runtime", "consumer"})))
         full_env = {**os.environ, "LLMPIPE_CONFIG": str(cfg), "LLMPIPE_BOOTSTRAP": settings.bootstrap or "",
                     "LLMPIPE_TOPIC_PREFIX": settings.topic_prefix, "LLMPIPE_DATA_DIR": str(settings.data_dir),
                     **(env or {})}

@@ -91,3 +91,26 @@ class Spend(Stage):
                         cost_usd=adm.cost_reserved_usd if adm else 0.0,
                         usage=Usage(prompt_tokens=adm.tokens_reserved if adm else 0))
         return Outcome.answer(doc, resp, self.evidence(doc, "spent"))
+
+
+class Unique(Stage):
+    """Answers, after policy.sleep_ms, with a token no other execution produces: equal answers
+    prove one execution (idempotency tests)."""
+
+    async def process(self, doc: RequestDoc) -> Outcome:
+        import uuid
+
+        await asyncio.sleep(float(self.ctx.policy.get("sleep_ms", 0)) / 1000)
+        resp = Response(request_id=doc.request_id, status=Status.ok, text=uuid.uuid4().hex, answered_by=self.name)
+        return Outcome.answer(doc, resp, self.evidence(doc, "executed"))
+
+
+class Placement(Stage):
+    """Answers with where admit placed the request: `deployment|fallbacks`, after policy.sleep_ms."""
+
+    async def process(self, doc: RequestDoc) -> Outcome:
+        await asyncio.sleep(float(self.ctx.policy.get("sleep_ms", 0)) / 1000)
+        adm = doc.admission
+        text = f"{adm.deployment}|{','.join(adm.deployments)}" if adm else "unadmitted"
+        resp = Response(request_id=doc.request_id, status=Status.ok, text=text, answered_by=self.name)
+        return Outcome.answer(doc, resp, self.evidence(doc, "placed"))

@@ -3,8 +3,9 @@ reservations settled by real cost, and the queue-or-reject choice."""
 
 from __future__ import annotations
 
-from pipeline.stages.admission import Ask, TenantState, admit, evaluate, remaining, roll, settle
-from pipeline.stages.tenants import TenantLimits
+from pipeline.stages.admission import Ask, Lane, Meter, TenantState, admit, evaluate, remaining, roll, settle
+from pipeline.stages.admit import split_share
+from pipeline.stages.tenants import RateLimits, TenantLimits
 
 T0 = 1_790_000_000_000  # some UTC instant
 
@@ -13,11 +14,11 @@ def ask(i: int, now: int, tokens: int = 10, cost: float = 0.0, expires: int | No
     return Ask(f"r{i}", tokens, cost, now, expires if expires is not None else now + 30_000)
 
 
-def run(state: TenantState, limits: TenantLimits, a: Ask, queued: int = 0):
-    roll(state, a.now_ms)
-    v = evaluate(state, limits, a, queued=queued)
+def run(state: TenantState, limits: TenantLimits, a: Ask, queued: int = 0, lanes=None, shares=None):
+    roll(state, a.now_ms, shares)
+    v = evaluate(state, limits, a, queued=queued, lanes=lanes)
     if v.action == "admit":
-        admit(state, a)
+        admit(state, a, v.deployment, shares)
     return v
 
 
@@ -27,8 +28,10 @@ def test_rpm_is_exact_over_a_rolling_minute():
     assert sum(v.action == "admit" for v in verdicts) == 120
     rejected = next(v for v in verdicts if v.action == "reject")
     assert rejected.reason == "rate_limited" and 49_000 < rejected.retry_after_ms <= 60_000
-    later = run(s, lim, ask(5000, T0 + 60_001))  # the first admission left the window
-    assert later.action == "admit"
+    # the window counts whole seconds: the first second's admissions leave it once all of it is a
+    # minute old (never early, at most a second late)
+    assert run(s, lim, ask(5000, T0 + 60_999)).action == "reject"
+    assert run(s, lim, ask(5001, T0 + 61_000)).action == "admit"
 
 
 def test_concurrency_holds_free_on_completion():
@@ -58,7 +61,7 @@ def test_redelivered_request_is_not_counted_twice():
     s, lim = TenantState(), TenantLimits(rpm=1)
     assert run(s, lim, ask(1, T0)).action == "admit"
     again = run(s, lim, ask(1, T0 + 5))
-    assert again.action == "admit" and len(s.window) == 1 and len(s.holds) == 1
+    assert again.action == "admit" and s.meter.window.count() == 1 and len(s.holds) == 1
 
 
 def test_wait_only_with_queue_room_and_deadline_budget():
@@ -83,3 +86,37 @@ def test_holds_without_completion_expire_at_their_reserved_cost():
     run(s, lim, ask(0, T0, cost=0.3, expires=T0 + 1000))
     expired = roll(s, T0 + 1000)
     assert [h.request_id for h in expired] == ["r0"] and not s.holds and abs(s.spent_day_usd - 0.3) < 1e-9
+
+
+def test_deployment_lanes_take_the_first_with_room_and_free_on_settle():
+    """A tenant's limit on deployment `a` and a global share on `b`: requests spill from a to b,
+    then wait; a completion on `a` frees a slot there (and only there)."""
+    s, lim = TenantState(), TenantLimits(deployments={"a": RateLimits(concurrency=2)})
+    shares = {"b": Meter()}
+
+    def lanes():
+        return [Lane("a", (("acme on a", s.lane("a"), lim.deployments["a"]),)),
+                Lane("b", (("b share", shares["b"], RateLimits(rpm=1)),))]
+
+    got = [run(s, lim, ask(i, T0 + i), lanes=lanes(), shares=shares) for i in range(4)]
+    assert [(v.action, v.deployment) for v in got] == [("admit", "a"), ("admit", "a"), ("admit", "b"), ("reject", None)]
+    assert got[3].reason == "concurrency_limited", "the lane that clears first (a: a slot) decides the wait"
+    assert len(shares["b"].in_flight) == 1 and shares["b"].window.count() == 1
+    settle(s, "r0", tokens=3, cost_usd=0.0, shares=shares)
+    assert (v := run(s, lim, ask(9, T0 + 10), lanes=lanes(), shares=shares)).action == "admit" and v.deployment == "a"
+    settle(s, "r2", tokens=3, cost_usd=0.0, shares=shares)
+    assert not shares["b"].in_flight and shares["b"].window.count() == 1, "rpm still counts it; the slot is free"
+
+
+def test_global_shares_sum_to_the_limit():
+    for limit in (0, 1, 5, 6, 7, 120, 1001):
+        shares = [split_share(limit, 6, p) for p in range(6)]
+        assert sum(shares) == limit and max(shares) - min(shares) <= 1
+    assert split_share(None, 6, 0) is None
+
+
+def test_window_stays_small_at_any_rate():
+    s, lim = TenantState(), TenantLimits(rpm=1_000_000)
+    for i in range(20_000):  # 20k admissions over 100 s
+        run(s, lim, ask(i, T0 + i * 5))
+    assert len(s.meter.window.buckets) <= 61 and s.meter.window.count() <= 12_200

@@ -23,11 +23,12 @@ from tests.conftest import create_topics, read_topic, settings_for, wait_until
 pytestmark = [pytest.mark.integration, pytest.mark.asyncio(loop_scope="session")]
 
 
-def stack(tmp_path, prefix, broker, prepared_model, tenants, answer="tests.stages:Answer", answer_policy=None):
+def stack(tmp_path, prefix, broker, prepared_model, tenants, answer="tests.stages:Answer", answer_policy=None,
+          deployments=None):
     s = settings_for(tmp_path, prefix, broker.bootstrap,
                      [{"name": "admit"}, {"name": "answer", "class": answer, "policy": answer_policy or {}}],
                      tenants=tenants, runtime={"concurrency": 64},
-                     deployments=[{"name": "priced", "cost_per_1k_input": 1.0, "cost_per_1k_output": 1.0}])
+                     deployments=deployments or [{"name": "priced", "cost_per_1k_input": 1.0, "cost_per_1k_output": 1.0}])
     s.engine.model_dir = prepared_model
     return s
 

@@ -1,6 +1,6 @@
 """Wire contracts: every value on a topic is one of these pydantic models, with a `schema` tag."""
 
-from pipeline.contracts.admit import AdmitRelease
+from pipeline.contracts.admit import AdmitRelease, AdmitStateRecord
 from pipeline.contracts.control import BreakerUpdate, CacheInvalidate, CachePut, ControlRecord, Marker
 from pipeline.contracts.dlq import DlqRecord
 from pipeline.contracts.evidence import Evidence
@@ -17,10 +17,12 @@ WIRE_MODELS = {
     "dlq": DlqRecord,
     "control": ControlRecord,
     "admit_release": AdmitRelease,
+    "admit_state": AdmitStateRecord,
 }
 
 __all__ = [
     "AdmitRelease",
+    "AdmitStateRecord",
     "BreakerUpdate",
     "CacheInvalidate",
     "CachePut",

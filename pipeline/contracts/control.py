@@ -5,7 +5,7 @@ for breaker states."""
 
 from __future__ import annotations
 
-from typing import Annotated, Literal, Union
+from typing import Annotated, Any, Literal, Union
 
 from pydantic import Field, RootModel
 
@@ -54,7 +54,7 @@ class TenantUpsert(WireModel):
     schema_: Literal["control/v1"] = Field(CONTROL_SCHEMA, alias="schema")
     kind: Literal["tenant_upsert"] = "tenant_upsert"
     tenant: str = Field(min_length=1, max_length=64)
-    limits: dict[str, int | float | None] = Field(default_factory=dict)
+    limits: dict[str, Any] = Field(default_factory=dict, description="TenantLimits fields to change")
     at_ms: int = Field(default_factory=now_ms)
 
 

@@ -154,6 +154,10 @@ class AdmissionSection(WireModel):
     cost_reserved_usd: float = Field(ge=0, description="worst case over the deployments it may run on")
     waited_ms: int = Field(0, ge=0, description="time in the tenant's wait queue")
     metered: bool = Field(True, description="false: the tenant has no configured limits")
+    deployment: str | None = Field(None, description="the deployment whose limits admitted it (None: none apply)")
+    deployments: list[str] = Field(default_factory=list,
+                                   description="where generate may run it, in order: the admitted deployment, then "
+                                               "only deployments without limits (a fallback never bypasses a limit)")
     policy_version: str
 
 

@@ -55,6 +55,7 @@ class Response(WireModel):
     finished_ms: int = Field(default_factory=now_ms)
     timings: dict[str, StageTimes] = Field(default_factory=dict)
     replay_id: str = ""
+    duplicate_of: str | None = Field(None, description="idempotency: the request whose result this is")
 
     @property
     def e2e_ms(self) -> float | None:

@@ -61,3 +61,10 @@ def chat_prompt_ids(tokenizer, messages: list[dict[str, str]]) -> list[int]:
     enc = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
     ids = enc["input_ids"] if hasattr(enc, "keys") else enc
     return [int(i) for i in ids]
+
+
+def chat_prompt_len(tokenizer, messages: list[dict[str, str]]) -> int:
+    """len(chat_prompt_ids(...)) at a third of the cost: the template is rendered as text and counted
+    by the fast tokenizer's backend, without transformers' per-call wrapping (admit counts every request)."""
+    text = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+    return len(tokenizer.backend_tokenizer.encode(text, add_special_tokens=False).ids)

@@ -32,3 +32,9 @@ class Handler(Protocol):
     async def stop(self) -> None: ...
 
     async def handle(self, items: list[Item]) -> None: ...
+
+    async def on_assigned(self, topic_partitions: list[tuple[str, int]]) -> None:
+        """Partitions this worker now owns; awaited before any of their records is fetched."""
+
+    async def on_revoked(self, topic_partitions: list[tuple[str, int]]) -> None:
+        """Partitions this worker no longer owns (their done offsets are committed already)."""

@@ -35,7 +35,7 @@ class Outputs:
     async def send(
         self,
         topic: str,
-        value: bytes,
+        value: bytes | None,
         *,
         key: bytes | None = None,
         partition: int | None = None,

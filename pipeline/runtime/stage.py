@@ -25,7 +25,8 @@ class SideRecord:
 
     topic: str  # registry name, e.g. "control"
     key: bytes | None
-    value: BaseModel
+    value: BaseModel | None  # None: a tombstone (compacted changelogs)
+    partition: int | None = None  # None: by key; changelogs name the partition of the state they hold
 
 
 @dataclass
@@ -38,6 +39,11 @@ class Outcome:
     next_stage: str | None = None  # None: the topology's next stage
     rollouts: list[Rollout] = field(default_factory=list)
     side: list[SideRecord] = field(default_factory=list)
+    #: neither forwarded nor answered now: the stage took over answering it later (e.g. an
+    #: idempotency-key duplicate answered with the original's result); the promise must be in `side`
+    parked: bool = False
+    #: answers to other requests this decision settled (e.g. the parked duplicates of a rejected request)
+    others: list["Outcome"] = field(default_factory=list)
 
     @classmethod
     def forward(cls, doc: RequestDoc, *evidence: Evidence, to: str | None = None) -> "Outcome":
@@ -46,6 +52,20 @@ class Outcome:
     @classmethod
     def answer(cls, doc: RequestDoc, response: Response, *evidence: Evidence) -> "Outcome":
         return cls(doc=doc, evidence=list(evidence), response=response)
+
+    @classmethod
+    def park(cls, doc: RequestDoc, side: list[SideRecord], *evidence: Evidence) -> "Outcome":
+        return cls(doc=doc, evidence=list(evidence), side=side, parked=True)
+
+
+@dataclass
+class SideEffects:
+    """What applying a side-input record produced: evidence, records for other topics, and answers
+    to earlier (parked) requests."""
+
+    evidence: list[Evidence] = field(default_factory=list)
+    side: list[SideRecord] = field(default_factory=list)
+    answers: list[Outcome] = field(default_factory=list)
 
 
 @dataclass
@@ -115,9 +135,16 @@ class Stage:
             await self.follower.stop()
             self.follower = None
 
-    async def on_side_input(self, topic: str, value: BaseModel) -> list[Evidence]:
-        """Apply one record of a side input (see `side_inputs`); returns evidence rows, if any."""
+    async def on_side_input(self, topic: str, value: BaseModel) -> SideEffects:
+        """Apply one record of a side input (see `side_inputs`)."""
         raise NotImplementedError(f"{type(self).__name__} declares side inputs but does not handle them")
+
+    async def on_assigned(self, partitions: list[int]) -> None:
+        """This worker now owns these partitions of the stage's input: restore their state before
+        any of their records is processed (the runtime awaits this inside the rebalance)."""
+
+    async def on_revoked(self, partitions: list[int]) -> None:
+        """These partitions moved to another worker: forget their state."""
 
     async def process(self, doc: RequestDoc) -> Outcome:
         raise NotImplementedError(f"{type(self).__name__} implements neither process nor process_batch")

@@ -32,7 +32,7 @@ from pipeline.runtime.errors import DecodeError, TopologyError
 from pipeline.runtime.handler import Item
 from pipeline.runtime.metrics import StageMetrics
 from pipeline.runtime.outputs import Outputs
-from pipeline.runtime.stage import Outcome, Stage
+from pipeline.runtime.stage import Outcome, SideRecord, Stage
 from pipeline.runtime.topics import TopicNames
 from pipeline.runtime.topology import Topology
 
@@ -163,10 +163,25 @@ class StageHandler:
         except DecodeError as exc:
             await self._poison(out, it, exc.error_class, str(exc), attempts=0, raw=exc.raw)
             return
-        rows = await self.stage.on_side_input(self.names.registry_name(it.record.topic), value)
-        if rows and not (self.replay and self.replay.shadow):
-            timing = self._timing(it, now_ms(), now_ms())
-            await self._send_evidence(out, [self._stamp(ev, it, timing) for ev in rows])
+        started = now_ms()
+        effects = await self.stage.on_side_input(self.names.registry_name(it.record.topic), value)
+        if self.replay and self.replay.shadow:
+            return
+        timing = self._timing(it, started, now_ms())
+        await self._send_evidence(out, [self._stamp(ev, it, timing) for ev in effects.evidence])
+        await self._send_side(out, effects.side)
+        for outcome in effects.answers:
+            await self._emit(out, _Work(it, outcome.doc, started), outcome)
+
+    async def on_assigned(self, topic_partitions: list[tuple[str, int]]) -> None:
+        await self.stage.on_assigned(self._own(topic_partitions))
+
+    async def on_revoked(self, topic_partitions: list[tuple[str, int]]) -> None:
+        await self.stage.on_revoked(self._own(topic_partitions))
+
+    def _own(self, topic_partitions: list[tuple[str, int]]) -> list[int]:
+        mine = self.names.stage_input(self.name)
+        return sorted(p for t, p in topic_partitions if t == mine)
 
     # ---- outputs ---------------------------------------------------------------------------
 
@@ -193,7 +208,8 @@ class StageHandler:
         if self.on_evidence and rows:
             self.on_evidence(rows)
 
-    async def _answer(self, out: Outputs, resp: Response, reply_to: ReplyTo | None, headers: list) -> None:
+    async def _answer(self, out: Outputs, resp: Response, reply_to: ReplyTo | None, headers: list,
+                      idempotent: bool = False) -> None:
         if self.replay and self.replay.shadow:
             return
         value = encode(resp)
@@ -205,10 +221,14 @@ class StageHandler:
             await out.send(self.names.responses, value, key=key, headers=headers)
         if resp.tenant_id:
             # wherever a request ends (answer, rejection, DLQ, deadline), admit settles its reservation
-            await out.send(self.names.admit_release, encode(release_for(resp)), key=resp.tenant_id.encode())
+            # (with the whole answer when admit keeps it for the request's idempotency-key duplicates)
+            await out.send(self.names.admit_release, encode(release_for(resp, with_response=idempotent)),
+                           key=resp.tenant_id.encode())
         self.metrics.processed(f"answered_{resp.status.value}")
 
     async def _emit(self, out: Outputs, w: _Work, outcome: Outcome) -> None:
+        for other in outcome.others:
+            await self._emit(out, _Work(w.item, other.doc, w.started_ms), other)
         self.metrics.queue_wait.observe(max(0, w.started_ms - w.item.record.timestamp) / 1000)
         timing = self._timing(w.item, w.started_ms, now_ms())
         doc = outcome.doc.model_copy(update={"timings": [*outcome.doc.timings, timing]})
@@ -216,22 +236,30 @@ class StageHandler:
         if not (self.replay and self.replay.shadow):
             for ro in outcome.rollouts:
                 await out.send(self.names.rollouts, encode(ro), key=ro.request_id.encode())
-            for side in outcome.side:
-                await out.send(self.names(side.topic), encode(side.value), key=side.key)
+            await self._send_side(out, outcome.side)
+        if outcome.parked:
+            self.metrics.processed("parked")
+            return
         headers = request_headers(doc.request_id, doc.tenant_id, doc.deadline_ms, doc.attempt, doc.traceparent)
         if outcome.response is not None:
-            await self._answer(out, self._finish(doc, outcome.response), doc.reply_to, headers)
+            await self._answer(out, self._finish(doc, outcome.response), doc.reply_to, headers,
+                               idempotent=doc.idempotency_key is not None)
             return
         nxt = outcome.next_stage or self.topology.next_after(self.name)
         if nxt is None:
             err = self._error_response(doc, "topology_error", f"stage {self.name} forwarded but no stage follows it")
-            await self._answer(out, err, doc.reply_to, headers)
+            await self._answer(out, err, doc.reply_to, headers, idempotent=doc.idempotency_key is not None)
             return
         if self.replay and self.replay.shadow:
             self.metrics.processed("shadow")
             return
         await out.send(self.names.stage_input(nxt), encode(doc), key=self.topology.key_for(nxt, doc), headers=headers)
         self.metrics.processed("forwarded")
+
+    async def _send_side(self, out: Outputs, records: list[SideRecord]) -> None:
+        for side in records:
+            await out.send(self.names(side.topic), encode(side.value) if side.value is not None else None,
+                           key=side.key, partition=side.partition)
 
     def _finish(self, doc: RequestDoc, resp: Response) -> Response:
         times = {t.stage: StageTimes(queue_ms=t.queue_ms, service_ms=t.service_ms) for t in doc.timings}
@@ -253,7 +281,8 @@ class StageHandler:
         await self._send_evidence(out, [self._stamp(ev, it, timing)])
         resp = self._error_response(doc, "deadline_exceeded", f"deadline passed {late} ms before stage {self.name}",
                                     Status.deadline_exceeded)
-        await self._answer(out, resp, doc.reply_to, self._passthrough_headers(it))
+        await self._answer(out, resp, doc.reply_to, self._passthrough_headers(it),
+                           idempotent=doc.idempotency_key is not None)
 
     async def _failed(self, out: Outputs, w: _Work, exc: BaseException) -> None:
         error_class = getattr(exc, "error_class", "processing_failed")
@@ -291,7 +320,8 @@ class StageHandler:
                         replay_id=self.replay.replay_id if self.replay else "")
         if doc is not None:
             resp = self._finish(doc, resp)
-        await self._answer(out, resp, reply_to, self._passthrough_headers(it))
+        await self._answer(out, resp, reply_to, self._passthrough_headers(it),
+                           idempotent=doc is not None and doc.idempotency_key is not None)
 
     def _salvage(self, it: Item, raw: object | None, doc: RequestDoc | None) -> tuple[str | None, str | None, ReplyTo | None]:
         if doc is not None:

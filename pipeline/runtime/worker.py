@@ -53,7 +53,7 @@ class _Rebalance(ConsumerRebalanceListener):
         await self.worker._on_revoked(set(revoked))
 
     async def on_partitions_assigned(self, assigned: set[TopicPartition]) -> None:
-        self.worker._on_assigned(set(assigned))
+        await self.worker._on_assigned(set(assigned))
 
 
 class StageWorker:
@@ -86,6 +86,7 @@ class StageWorker:
         self.tracker = OffsetTracker()
         self._generation: dict[TopicPartition, int] = {}
         self._gen_counter = 0
+        self._restoring: set[TopicPartition] = set()  # assigned, paused until the stage restored their state
         self._in_flight = 0
         self._fetching = True
         self._tasks: list[asyncio.Task] = []
@@ -162,14 +163,36 @@ class StageWorker:
 
     # ---- rebalance ---------------------------------------------------------------------------
 
-    def _on_assigned(self, assigned: set[TopicPartition]) -> None:
+    async def _on_assigned(self, assigned: set[TopicPartition]) -> None:
         for tp in assigned:
             self._gen_counter += 1
             self._generation[tp] = self._gen_counter
             self.tracker.reset(tp)
-        if self.queue.paused and assigned and self.consumer is not None:
-            self.consumer.pause(*assigned)
         log.info("stage %s assigned %s", self.handler.name, sorted(f"{tp.topic}:{tp.partition}" for tp in assigned))
+        if not assigned or self.consumer is None:
+            return
+        # The stage restores these partitions' state first. The consumer may fetch while this
+        # listener awaits, so they stay paused (nothing of them is fetched) until it is done.
+        self.consumer.pause(*assigned)
+        self._restoring |= assigned
+        backoff = 0.5
+        try:
+            while True:
+                try:
+                    await self.handler.on_assigned([(tp.topic, tp.partition) for tp in assigned])
+                    break
+                except asyncio.CancelledError:
+                    raise
+                except Exception as exc:  # noqa: BLE001 - never process a partition on half its state
+                    self.metrics.error("restore_failed")
+                    log.warning("stage %s: restoring %d partitions failed (%r); retrying in %.1fs",
+                                self.handler.name, len(assigned), exc, backoff)
+                    await asyncio.sleep(backoff)
+                    backoff = min(backoff * 2, 10.0)
+        finally:
+            self._restoring -= assigned
+        if not self.queue.paused:
+            self.consumer.resume(*(assigned & self.consumer.assignment()))
 
     async def _on_revoked(self, revoked: set[TopicPartition]) -> None:
         # Give in-flight records of these partitions a moment to finish, then commit what is done.
@@ -180,6 +203,7 @@ class StageWorker:
         for tp in revoked:
             self._generation.pop(tp, None)
             self.tracker.forget(tp)
+        await self.handler.on_revoked([(tp.topic, tp.partition) for tp in revoked])
 
     # ---- loops -------------------------------------------------------------------------------
 
@@ -191,7 +215,7 @@ class StageWorker:
         while self._fetching:
             if self.queue.paused:
                 if await self.queue.wait_below_low(0.2):
-                    self.consumer.resume(*self.consumer.assignment())
+                    self.consumer.resume(*(self.consumer.assignment() - self._restoring))
                     self.queue.set_paused(False)
                 continue
             room = self.queue.room()

@@ -5,38 +5,100 @@ settle the real cost when it ends (completions arrive on `admit.release`, a side
 tenant, so they reach the same worker). A request that cannot run yet waits in its tenant's
 bounded queue while its deadline allows, or is rejected with a reason and a retry-after.
 
+Deployments may have limits too: a tenant's own per deployment, and global ones, of which each
+admit partition owns an equal share (shares sum to the limit, so no coordination is needed to
+never exceed it). A request is admitted on the first deployment in route's order with room.
+
+Idempotency keys: the first request with a key claims it; duplicates get its result (at once if
+known, else parked and answered when it arrives on `admit.release`), or `in_progress` when they
+cannot wait.
+
+Every state change is written to `admit.state` (partition = the tenant's admit partition, produced
+with the decision's outputs, so before its input offset is committed) and restored when a worker
+is assigned the partition, before any of its records is processed.
+
 Policy in admission.py; tenants and limits in tenants.py (config + `control`).
 """
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
+import hashlib
+import heapq
 import time
 from collections import defaultdict
+from dataclasses import dataclass, field
+from typing import Literal
 
+from aiokafka.partitioner import DefaultPartitioner
 from pydantic import BaseModel, Field
 
-from pipeline.contracts import AdmitRelease, Evidence, RequestDoc, Response, Status
+from pipeline.contracts import AdmitRelease, AdmitStateRecord, Evidence, RequestDoc, Response, Status
+from pipeline.contracts.admit import Buckets, HoldRecord, IdempotencyRecord, ShareWindow, StateMarker, TenantTotals
 from pipeline.contracts.request import AdmissionSection
-from pipeline.engines.chat_engine import chat_prompt_ids
+from pipeline.engines.chat_engine import chat_prompt_len
 from pipeline.engines.tokenizer import load_chat_tokenizer
-from pipeline.runtime.stage import Outcome, Stage, StageContext
+from pipeline.runtime.changelog import ChangelogReader
+from pipeline.runtime.codec import decode, encode
+from pipeline.runtime.stage import Outcome, SideEffects, SideRecord, Stage, StageContext
+from pipeline.runtime.topics import TopicNames, load_registry
 from pipeline.settings import Deployment
-from pipeline.stages.admission import Ask, TenantState, admit, evaluate, now_ms, roll, settle
-from pipeline.stages.tenants import TenantRegistry
+from pipeline.stages.admission import (Ask, Hold, Lane, Meter, TenantState, Verdict, Window, admit, decided_key,
+                                       evaluate, forget_settled, now_ms, roll, settle)
+from pipeline.stages.tenants import RateLimits, TenantLimits, TenantRegistry
+
+STATE_TOPIC = "admit.state"
 
 
 class AdmitPolicy(BaseModel):
-    version: str = "admit-v1"
+    version: str = "admit-v2"
     assumed_max_tokens: int = Field(128, ge=1, description="reserved when a request does not set max_tokens")
     hold_grace_ms: int = Field(60_000, ge=0, description="a hold outlives its deadline by this, then settles at cost")
     hold_without_deadline_ms: int = Field(900_000, ge=1000)
+    max_duplicate_waiters: int = Field(64, ge=0, description="duplicates of one idempotency key parked for its result")
+    restore_timeout_s: float = Field(120.0, gt=0)
+    remember_settled_ms: int = Field(600_000, ge=0, description="how long a finished request id is remembered, so "
+                                                                "a copy redelivered after a crash is not run again")
 
 
 def worst_case_cost(deployments: list[Deployment], tokens_in: int, max_tokens: int) -> float:
-    """The most this request can cost: generate may fall back to any deployment, so the priciest."""
+    """The most this request can cost: generate may fall back to any of these, so the priciest."""
     return max(((tokens_in * d.cost_per_1k_input + max_tokens * d.cost_per_1k_output) / 1000 for d in deployments),
                default=0.0)
+
+
+def split_share(limit: int | None, partitions: int, p: int) -> int | None:
+    """Partition p's share of a global limit; the shares sum to the limit exactly."""
+    if limit is None:
+        return None
+    return limit // partitions + (1 if p < limit % partitions else 0)
+
+
+def key_digest(idempotency_key: str) -> str:
+    return hashlib.sha256(idempotency_key.encode()).hexdigest()[:32]
+
+
+@dataclass
+class Claim:
+    """An idempotency key of a tenant: the request that owns it and, once known, its result."""
+
+    tenant: str
+    digest: str
+    request_id: str
+    state: Literal["in_progress", "done"]
+    at_ms: int
+    expires_ms: int
+    response: Response | None = None
+    waiters: list[RequestDoc] = field(default_factory=list)
+
+
+def _buckets(w: Window) -> Buckets:
+    return [(s, n, t) for s, (n, t) in sorted(w.buckets.items())]
+
+
+def _window(b: Buckets) -> Window:
+    return Window({s: [n, t] for s, n, t in b})
 
 
 class AdmitStage(Stage):
@@ -49,33 +111,253 @@ class AdmitStage(Stage):
     def __init__(self, ctx: StageContext) -> None:
         super().__init__(ctx)
         self.registry = TenantRegistry(ctx.settings.tenants)
+        self.deployments = {d.name: d for d in ctx.settings.deployments}
         self.states: dict[str, TenantState] = defaultdict(TenantState)
+        self.shares: dict[int, dict[str, Meter]] = {}  # partition -> deployment -> its share's meter
+        self.claims: dict[str, dict[str, Claim]] = defaultdict(dict)  # tenant -> key digest -> claim
+        self.claim_of: dict[str, Claim] = {}  # request_id -> the claim it owns
+        self._claim_expiry: list[tuple[int, str, str]] = []  # heap of (expires_ms, tenant, digest)
         self.queued: dict[str, int] = defaultdict(int)
         self.changed: dict[str, asyncio.Event] = defaultdict(asyncio.Event)
         self.tokenizer = None
         self.max_waiting = max(0, ctx.runtime.concurrency // 2)
+        self.names = TopicNames(ctx.topic_prefix)
+        spec = load_registry().get("stage.admit")
+        self.partitions = spec.partitions if spec else 6
+        self.reader: ChangelogReader | None = None
+        self._partition_cache: dict[str, int] = {}
 
     async def start(self) -> None:
         self.tokenizer = await asyncio.to_thread(load_chat_tokenizer, self.ctx.settings)
         await self.follow_control(self.registry.apply)
+        if self.ctx.bootstrap:
+            marker = lambda mid: encode(StateMarker(marker_id=mid))  # noqa: E731
+            self.reader = await ChangelogReader(self.ctx.bootstrap, self.names(STATE_TOPIC), marker).start()
+            self.partitions = await self.reader.partitions(self.names.stage_input(self.name))
+
+    async def stop(self) -> None:
+        if self.reader is not None:
+            await self.reader.stop()
+        await super().stop()
+
+    def partition_of(self, tenant: str) -> int:
+        """The admit partition of a tenant: how the runtime's producers place a tenant-keyed record."""
+        p = self._partition_cache.get(tenant)
+        if p is None:
+            parts = list(range(self.partitions))
+            p = self._partition_cache[tenant] = DefaultPartitioner()(tenant.encode(), parts, parts)
+        return p
+
+    # ---- state: changelog records and restore --------------------------------------------------
+
+    def _rec(self, tenant: str, key: str, value: BaseModel | None) -> SideRecord:
+        return SideRecord(STATE_TOPIC, key.encode(), value, partition=self.partition_of(tenant))
+
+    def _totals(self, tenant: str) -> SideRecord:
+        s = self.states[tenant]
+        return self._rec(tenant, f"t/{tenant}", TenantTotals(
+            tenant=tenant, day=s.day, spent_day_usd=s.spent_day_usd, month=s.month, spent_month_usd=s.spent_month_usd,
+            window=_buckets(s.meter.window), lanes={d: _buckets(m.window) for d, m in s.lanes.items()}))
+
+    def _hold(self, tenant: str, h: Hold, settled_until: int | None = None) -> SideRecord:
+        settled = settled_until is not None
+        return self._rec(tenant, f"h/{tenant}/{h.decided_key}", HoldRecord(
+            tenant=tenant, request_id=h.request_id, at_ms=h.at_ms, tokens=h.tokens, cost_usd=h.cost_usd,
+            expires_ms=settled_until if settled_until is not None else h.expires_ms, deployment=h.deployment,
+            attempt=h.attempt, settled=settled))
+
+    def _share(self, tenant: str, deployment: str | None) -> list[SideRecord]:
+        p = self.partition_of(tenant)
+        m = self.shares.get(p, {}).get(deployment or "")
+        if m is None:
+            return []
+        return [SideRecord(STATE_TOPIC, f"d/{deployment}".encode(),
+                           ShareWindow(deployment=deployment or "", window=_buckets(m.window)), partition=p)]
+
+    def _claim(self, c: Claim, gone: bool = False) -> SideRecord:
+        value = None if gone else IdempotencyRecord(tenant=c.tenant, key_digest=c.digest, request_id=c.request_id,
+                                                    state=c.state, at_ms=c.at_ms, expires_ms=c.expires_ms,
+                                                    response=c.response, waiters=c.waiters)
+        return self._rec(c.tenant, f"i/{c.tenant}/{c.digest}", value)
+
+    def _changed(self, tenant: str, holds: list[Hold], settled: bool) -> list[SideRecord]:
+        out = [self._totals(tenant)]
+        s = self.states[tenant]
+        for h in holds:
+            out.append(self._hold(tenant, h, s.settled.get(h.decided_key, 0) if settled else None))
+            out += self._share(tenant, h.deployment)
+        return out
+
+    async def on_assigned(self, partitions: list[int]) -> None:
+        if self.reader is None or not partitions:
+            return
+        t0 = time.monotonic()
+        data = await self.reader.read(partitions, self.policy.restore_timeout_s)
+        self._forget(partitions)
+        n = 0
+        for p, records in data.items():
+            for value in records.values():
+                if value is not None:
+                    self._restore(p, decode(value, AdmitStateRecord).root)
+                    n += 1
+        for tenant, state in self.states.items():  # in-flight sets are derived from the holds
+            if self.partition_of(tenant) in partitions:
+                for h in state.holds.values():
+                    self._count_in_flight(tenant, h)
+        self._log_restore(partitions, n, time.monotonic() - t0)
+
+    def _restore(self, p: int, rec: BaseModel) -> None:
+        if isinstance(rec, TenantTotals):
+            s = self.states[rec.tenant]
+            s.day, s.spent_day_usd, s.month, s.spent_month_usd = rec.day, rec.spent_day_usd, rec.month, rec.spent_month_usd
+            s.meter.window = _window(rec.window)
+            for d, b in rec.lanes.items():
+                s.lane(d).window = _window(b)
+        elif isinstance(rec, HoldRecord) and rec.settled:
+            self.states[rec.tenant].settled[decided_key(rec.request_id, rec.attempt)] = rec.expires_ms
+        elif isinstance(rec, HoldRecord):
+            self.states[rec.tenant].add_hold(Hold(rec.request_id, rec.at_ms, rec.tokens, rec.cost_usd, rec.expires_ms,
+                                                  rec.deployment, rec.attempt))
+        elif isinstance(rec, ShareWindow):
+            self._shares(p).setdefault(rec.deployment, Meter()).window = _window(rec.window)
+        elif isinstance(rec, IdempotencyRecord):
+            c = Claim(rec.tenant, rec.key_digest, rec.request_id, rec.state, rec.at_ms, rec.expires_ms,
+                      rec.response, list(rec.waiters))
+            self._remember(c)
+
+    def _count_in_flight(self, tenant: str, h: Hold) -> None:
+        s = self.states[tenant]
+        s.meter.in_flight.add(h.request_id)
+        if h.deployment is not None:
+            s.lane(h.deployment).in_flight.add(h.request_id)
+            share = self._shares(self.partition_of(tenant)).get(h.deployment)
+            if share is not None:
+                share.in_flight.add(h.request_id)
+
+    def _log_restore(self, partitions: list[int], records: int, seconds: float) -> None:
+        import logging
+
+        logging.getLogger(__name__).info("admit restored partitions %s: %d state records in %.2fs",
+                                         partitions, records, seconds)
+
+    async def on_revoked(self, partitions: list[int]) -> None:
+        self._forget(partitions)
+
+    def _forget(self, partitions: list[int]) -> None:
+        gone = [t for t in self.states if self.partition_of(t) in partitions]
+        for t in gone:
+            del self.states[t]
+        for t in [t for t in self.claims if self.partition_of(t) in partitions]:
+            for c in self.claims.pop(t).values():
+                if self.claim_of.get(c.request_id) is c:
+                    del self.claim_of[c.request_id]
+        for p in partitions:
+            self.shares.pop(p, None)
+
+    def _shares(self, p: int) -> dict[str, Meter]:
+        """Meters of this partition's shares of every deployment with global limits."""
+        got = self.shares.get(p)
+        if got is None:
+            got = self.shares[p] = {name: Meter() for name, d in self.deployments.items() if d.limits.any()}
+        return got
+
+    # ---- idempotency ---------------------------------------------------------------------------
+
+    def _remember(self, c: Claim) -> None:
+        self.claims[c.tenant][c.digest] = c
+        if c.state == "in_progress":
+            self.claim_of[c.request_id] = c
+        heapq.heappush(self._claim_expiry, (c.expires_ms, c.tenant, c.digest))
+
+    def _expire_claims(self, now: int) -> list[SideRecord]:
+        out = []
+        while self._claim_expiry and self._claim_expiry[0][0] <= now:
+            _, tenant, digest = heapq.heappop(self._claim_expiry)
+            c = self.claims.get(tenant, {}).get(digest)
+            if c is not None and c.expires_ms <= now and c.state == "done":
+                del self.claims[tenant][digest]
+                out.append(self._claim(c, gone=True))
+        return out
+
+    def _duplicate(self, waiter: RequestDoc, c: Claim, resp: Response, decision: str) -> Outcome:
+        answer = resp.model_copy(update={"duplicate_of": c.request_id})
+        ev = self.evidence(waiter, decision, f"idempotency key of {c.request_id}: its result ({resp.status.value})")
+        return Outcome.answer(waiter, answer, ev)
+
+    def _resolve(self, c: Claim, resp: Response, decision: str) -> tuple[list[Outcome], list[SideRecord]]:
+        """The claim's owner ended: keep its result for the window and answer every parked duplicate."""
+        self.claim_of.pop(c.request_id, None)
+        c.state, c.response = "done", resp
+        waiters, c.waiters = c.waiters, []
+        return [self._duplicate(w, c, resp, decision) for w in waiters], [self._claim(c)]
+
+    def _abandon(self, c: Claim, resp: Response) -> tuple[list[Outcome], list[SideRecord]]:
+        """The owner did not run (rejected here): the key is free again; parked duplicates get the same answer."""
+        self.claim_of.pop(c.request_id, None)
+        self.claims[c.tenant].pop(c.digest, None)
+        return [self._duplicate(w, c, resp, "duplicate_answered") for w in c.waiters], [self._claim(c, gone=True)]
+
+    def _idempotency(self, doc: RequestDoc, tenant: str, now: int) -> Outcome | Claim:
+        """Claim the request's key, or decide for a duplicate: the original's result, park, or in_progress."""
+        assert doc.idempotency_key is not None
+        digest = key_digest(doc.idempotency_key)
+        c = self.claims[tenant].get(digest)
+        if c is not None and c.state == "done" and c.expires_ms <= now:
+            c = None  # past the window: a new execution
+        if c is None:
+            c = Claim(tenant, digest, doc.request_id, "in_progress", now,
+                      now + self._window_ms(tenant))
+            self._remember(c)
+            return c
+        if c.request_id == doc.request_id:
+            return c  # the owner itself, redelivered
+        if c.state == "done":
+            assert c.response is not None
+            return self._duplicate(doc, c, c.response, "duplicate_replayed")
+        if any(w.request_id == doc.request_id for w in c.waiters):
+            return Outcome.park(doc, [self._claim(c)], self.evidence(doc, "duplicate_parked", "redelivered"))
+        if (doc.deadline_ms is None or doc.deadline_ms > now) and len(c.waiters) < self.policy.max_duplicate_waiters:
+            c.waiters.append(doc)
+            return Outcome.park(doc, [self._claim(c)],
+                                self.evidence(doc, "duplicate_parked", f"waits for {c.request_id} (same idempotency key)"))
+        resp = Response(request_id=doc.request_id, status=Status.rejected, error_class="in_progress",
+                        reason=f"a request with this idempotency key ({c.request_id}) is still running",
+                        retry_after_ms=1000, answered_by=self.name)
+        return Outcome.answer(doc, resp, self.evidence(doc, "rejected", f"in_progress: duplicate of {c.request_id}"))
+
+    def _window_ms(self, tenant: str) -> int:
+        limits = self.registry.limits_for(tenant)
+        return (limits.idempotency_window_s if limits else TenantLimits().idempotency_window_s) * 1000
 
     # ---- completions ---------------------------------------------------------------------------
 
-    async def on_side_input(self, topic: str, value: BaseModel) -> list[Evidence]:
+    async def on_side_input(self, topic: str, value: BaseModel) -> SideEffects:
         assert isinstance(value, AdmitRelease)
-        state = self.states.get(value.tenant_id)
-        if state is None:
-            return []
-        hold = settle(state, value.request_id, tokens=value.tokens_in + value.tokens_out, cost_usd=value.cost_usd)
-        if hold is None:
-            return []  # never admitted here (rejected earlier, or a cache hit)
-        self._wake(value.tenant_id)
-        return [Evidence(request_id=value.request_id, tenant_id=value.tenant_id, stage=f"{self.name}.release",
-                         decision="settled", reason=value.status, policy_version=self.policy_version,
-                         scores={"cost_usd": value.cost_usd, "cost_reserved_usd": hold.cost_usd,
-                                 "tokens": float(value.tokens_in + value.tokens_out),
-                                 "tokens_reserved": float(hold.tokens),
-                                 "held_ms": float(max(0, value.finished_ms - hold.at_ms))})]
+        fx = SideEffects()
+        tenant = value.tenant_id
+        state = self.states.get(tenant)
+        shares = self._shares(self.partition_of(tenant))
+        hold = settle(state, value.request_id, tokens=value.tokens_in + value.tokens_out, cost_usd=value.cost_usd,
+                      shares=shares, remember_until_ms=now_ms() + self.policy.remember_settled_ms
+                      ) if state is not None else None
+        if hold is not None:
+            self._wake(tenant)
+            fx.side += self._changed(tenant, [hold], settled=True)
+            fx.evidence.append(Evidence(
+                request_id=value.request_id, tenant_id=tenant, stage=f"{self.name}.release", decision="settled",
+                reason=value.status, policy_version=self.policy_version,
+                scores={"cost_usd": value.cost_usd, "cost_reserved_usd": hold.cost_usd,
+                        "tokens": float(value.tokens_in + value.tokens_out), "tokens_reserved": float(hold.tokens),
+                        "held_ms": float(max(0, value.finished_ms - hold.at_ms))}))
+        c = self.claim_of.get(value.request_id)
+        if c is not None:
+            resp = value.response or Response(request_id=value.request_id, tenant_id=tenant, status=Status(value.status),
+                                              answered_by=value.answered_by, deployment=value.deployment,
+                                              cost_usd=value.cost_usd)
+            answers, side = self._resolve(c, resp, "duplicate_answered")
+            fx.answers += answers
+            fx.side += side
+        return fx
 
     def _wake(self, tenant: str) -> None:
         ev = self.changed[tenant]
@@ -84,60 +366,142 @@ class AdmitStage(Stage):
 
     # ---- admission -----------------------------------------------------------------------------
 
-    def ask_for(self, doc: RequestDoc) -> Ask:
+    def _order(self, doc: RequestDoc) -> list[str]:
+        order = [d for d in (doc.route.deployments if doc.route else []) if d in self.deployments]
+        return order or list(self.deployments)
+
+    def ask_for(self, doc: RequestDoc, order: list[str]) -> Ask:
         assert self.tokenizer is not None, "start() first"
         p = self.policy
         messages = [{"role": m.role, "content": m.content} for m in doc.body.messages]
-        tokens_in = len(chat_prompt_ids(self.tokenizer, messages))
+        tokens_in = chat_prompt_len(self.tokenizer, messages)
         max_tokens = doc.body.max_tokens or p.assumed_max_tokens
-        cost = worst_case_cost(self.ctx.settings.deployments, tokens_in, max_tokens)
+        cost = worst_case_cost([self.deployments[d] for d in order], tokens_in, max_tokens)
         now = now_ms()
         expires = (doc.deadline_ms + p.hold_grace_ms) if doc.deadline_ms else now + p.hold_without_deadline_ms
-        return Ask(doc.request_id, tokens_in + max_tokens, round(cost, 10), now, expires)
+        return Ask(doc.request_id, tokens_in + max_tokens, round(cost, 10), now, expires, doc.attempt)
+
+    def _lanes(self, tenant: str, limits: TenantLimits, order: list[str]) -> list[Lane] | None:
+        p = self.partition_of(tenant)
+        shares = self._shares(p)
+        state = self.states[tenant]
+        if not any(d in shares or (d in limits.deployments and limits.deployments[d].any()) for d in order):
+            return None
+        lanes = []
+        for d in order:
+            gates: list[tuple[str, Meter, RateLimits]] = []
+            own = limits.deployments.get(d)
+            if own is not None and own.any():
+                gates.append((f"{tenant} on {d}", state.lane(d), own))
+            if d in shares:
+                g = self.deployments[d].limits
+                share = RateLimits(rpm=split_share(g.rpm, self.partitions, p), tpm=split_share(g.tpm, self.partitions, p),
+                                   concurrency=split_share(g.concurrency, self.partitions, p))
+                gates.append((f"{d}: this partition's share of its global limits", shares[d], share))
+            lanes.append(Lane(d, tuple(gates)))
+        return lanes
 
     async def process(self, doc: RequestDoc) -> Outcome:
         tenant = doc.tenant_id or ""
+        side: list[SideRecord] = self._expire_claims(now_ms())
+        claim: Claim | None = None
+        if tenant and doc.idempotency_key:
+            got = self._idempotency(doc, tenant, now_ms())
+            if isinstance(got, Outcome):
+                got.side[:0] = side
+                return got
+            claim = got
+            side.append(self._claim(claim))
         limits = self.registry.limits_for(tenant)
-        a = self.ask_for(doc)
+        order = self._order(doc)
+        a = self.ask_for(doc, order)
         if limits is None:  # a tenant nobody configured: admitted, and the evidence says it ran unmetered
-            return self._admitted(doc, a, waited_ms=0, metered=False, remaining={})
+            return self._admitted(doc, a, None, order, None, side, waited_ms=0, metered=False)
         t0 = time.monotonic()
+        shares = self._shares(self.partition_of(tenant))
+        others: list[Outcome] = []
         while True:
             state = self.states[tenant]
-            for _ in roll(state, a.now_ms):
+            expired = roll(state, a.now_ms, shares, self.policy.remember_settled_ms)
+            side += [self._rec(tenant, f"h/{tenant}/{k}", None) for k in forget_settled(state, a.now_ms)]
+            if expired:
                 self._wake(tenant)
+                side += self._changed(tenant, expired, settled=True)
+                others += self._lost([self.claim_of[h.request_id] for h in expired if h.request_id in self.claim_of], side)
             # waiting requests occupy processors; completions need free ones: at most half may wait
             room = self.queued[tenant] if sum(self.queued.values()) < self.max_waiting else limits.max_queue
-            v = evaluate(state, limits, a, queued=room)
+            if decided_key(a.request_id, a.attempt) in state.settled:  # a copy redelivered after it was answered
+                ev = self.evidence(doc, "already_answered", "a redelivered copy of an answered request: not decided again")
+                out = Outcome.park(doc, side, ev)
+                out.others[:0] = others
+                return out
+            lanes = self._lanes(tenant, limits, order)
+            v = evaluate(state, limits, a, queued=room, lanes=lanes)
+            waited_ms = int((time.monotonic() - t0) * 1000)
             if v.action == "admit":
-                admit(state, a)
-                return self._admitted(doc, a, waited_ms=int((time.monotonic() - t0) * 1000), metered=True,
-                                      remaining=v.remaining)
-            if v.action == "reject":
-                resp = Response(request_id=doc.request_id, status=Status.rejected, error_class=v.reason,
-                                reason=v.detail, retry_after_ms=v.retry_after_ms or None, answered_by=self.name)
-                ev = self.evidence(doc, "rejected", f"{v.reason}: {v.detail}",
-                                   scores={**v.remaining, "retry_after_ms": float(v.retry_after_ms),
-                                           "waited_ms": float(int((time.monotonic() - t0) * 1000))})
-                return Outcome.answer(doc, resp, ev)
-            # wait for a completion (or the window to move), then decide again
-            self.queued[tenant] += 1
-            try:
-                await asyncio.wait_for(self.changed[tenant].wait(), min(v.retry_after_ms, a.expires_ms - a.now_ms) / 1000)
-            except TimeoutError:
-                pass
-            finally:
-                self.queued[tenant] -= 1
-            a = Ask(a.request_id, a.tokens, a.cost_usd, now_ms(), a.expires_ms)
+                hold = admit(state, a, v.deployment, shares)
+                side += self._changed(tenant, [hold], settled=False)
+                out = self._admitted(doc, a, v, order, lanes, side, waited_ms=waited_ms, metered=True)
+            elif v.action == "reject":
+                until = a.now_ms + self.policy.remember_settled_ms
+                state.settled[decided_key(a.request_id, a.attempt)] = until
+                side.append(self._hold(tenant, Hold(a.request_id, a.now_ms, 0, 0.0, until, None, a.attempt), until))
+                out = self._rejected(doc, v, claim, side, waited_ms=waited_ms)
+            else:  # wait for a completion (or the window to move), then decide again
+                self.queued[tenant] += 1
+                try:
+                    await asyncio.wait_for(self.changed[tenant].wait(),
+                                           min(v.retry_after_ms, a.expires_ms - a.now_ms) / 1000)
+                except TimeoutError:
+                    pass
+                finally:
+                    self.queued[tenant] -= 1
+                a = dataclasses.replace(a, now_ms=now_ms())
+                continue
+            out.others[:0] = others
+            return out
 
-    def _admitted(self, doc: RequestDoc, a: Ask, *, waited_ms: int, metered: bool,
-                  remaining: dict[str, float]) -> Outcome:
-        sec = AdmissionSection(decision="admitted", reason="within limits" if metered else "no limits configured",
-                               tokens_reserved=a.tokens, cost_reserved_usd=a.cost_usd, waited_ms=waited_ms,
-                               metered=metered, policy_version=self.policy_version)
+    def _lost(self, claims: list[Claim], side: list[SideRecord]) -> list[Outcome]:
+        """Owners whose hold expired without a completion: their duplicates get an error, the key is free."""
+        out: list[Outcome] = []
+        for c in claims:
+            resp = Response(request_id=c.request_id, status=Status.error, error_class="original_lost",
+                            reason="the request owning this idempotency key never finished", answered_by=self.name)
+            answers, records = self._abandon(c, resp)
+            out += answers
+            side += records
+        return out
+
+    def _rejected(self, doc: RequestDoc, v: Verdict, claim: Claim | None, side: list[SideRecord], *,
+                  waited_ms: int) -> Outcome:
+        resp = Response(request_id=doc.request_id, status=Status.rejected, error_class=v.reason,
+                        reason=v.detail, retry_after_ms=v.retry_after_ms or None, answered_by=self.name)
+        ev = self.evidence(doc, "rejected", f"{v.reason}: {v.detail}",
+                           scores={**v.remaining, "retry_after_ms": float(v.retry_after_ms), "waited_ms": float(waited_ms)})
+        out = Outcome.answer(doc, resp, ev)
+        out.side = side
+        if claim is not None:  # it did not run: the key is free, its parked duplicates get this answer
+            answers, records = self._abandon(claim, resp)
+            out.others += answers
+            side += records
+        return out
+
+    def _admitted(self, doc: RequestDoc, a: Ask, v: Verdict | None, order: list[str], lanes: list[Lane] | None,
+                  side: list[SideRecord], *, waited_ms: int, metered: bool) -> Outcome:
+        chosen = v.deployment if v is not None else None
+        deployments: list[str] = []
+        if chosen is not None:  # fall back only where no limit applies, so a fallback never bypasses one
+            gated = {ln.deployment for ln in lanes or [] if ln.gates}
+            deployments = [chosen] + [d for d in order if d != chosen and d not in gated]
+        reason = ("within limits" if metered else "no limits configured") + (f" on {chosen}" if chosen else "")
+        sec = AdmissionSection(decision="admitted", reason=reason, tokens_reserved=a.tokens, cost_reserved_usd=a.cost_usd,
+                               waited_ms=waited_ms, metered=metered, deployment=chosen, deployments=deployments,
+                               policy_version=self.policy_version)
         doc = doc.model_copy(update={"admission": sec})
+        remaining = v.remaining if v is not None else {}
         ev = self.evidence(doc, "admitted" if waited_ms == 0 else "admitted_after_wait", sec.reason,
                            scores={**remaining, "tokens_reserved": float(a.tokens), "cost_reserved_usd": a.cost_usd,
                                    "waited_ms": float(waited_ms)})
-        return Outcome.forward(doc, ev)
-
+        out = Outcome.forward(doc, ev)
+        out.side = side
+        return out

@@ -200,7 +200,12 @@ class GenerateStage(Stage):
         messages = [{"role": m.role, "content": m.content} for m in doc.body.messages]
         sampling = sampling_for(doc, p)
         needs = needs_for(doc, len(chat_prompt_ids(self.tokenizer, messages)), sampling)
-        preferred = list(doc.route.deployments) if doc.route and doc.route.deployments else list(p.prefer)
+        if doc.admission and doc.admission.deployments:  # admit counted it against these limits
+            preferred = list(doc.admission.deployments)
+        elif doc.route and doc.route.deployments:
+            preferred = list(doc.route.deployments)
+        else:
+            preferred = list(p.prefer)
         ok, refused = candidates(self.deployments, preferred, needs)
         for name, why in refused.items():
             self._row(a, "refused", f"incompatible: {why}", name)

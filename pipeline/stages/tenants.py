@@ -18,16 +18,27 @@ from pydantic import BaseModel, Field
 KEY_PREFIX = "lp-"
 
 
-class TenantLimits(BaseModel):
-    """None = unlimited. Budgets in USD, per UTC day and calendar month."""
+class RateLimits(BaseModel):
+    """None = unlimited. Windows are rolling minutes at one-second granularity."""
 
     rpm: int | None = Field(None, ge=0, description="admitted requests per rolling minute")
     tpm: int | None = Field(None, ge=0, description="tokens per rolling minute: prompt + max_tokens, settled on completion")
     concurrency: int | None = Field(None, ge=0, description="requests in flight between admit and their answer")
+
+    def any(self) -> bool:
+        return self.rpm is not None or self.tpm is not None or self.concurrency is not None
+
+
+class TenantLimits(RateLimits):
+    """A tenant's limits (None = unlimited). Budgets in USD, per UTC day and calendar month."""
+
     daily_budget_usd: float | None = Field(None, ge=0)
     monthly_budget_usd: float | None = Field(None, ge=0)
     max_queue: int = Field(0, ge=0, description="requests that may wait for a slot (0: reject at once)")
     max_prompt_chars: int = Field(32_000, ge=1, description="larger prompts are rejected before any work")
+    deployments: dict[str, RateLimits] = Field(default_factory=dict,
+                                               description="per (tenant, deployment) limits, by deployment name")
+    idempotency_window_s: int = Field(86_400, ge=1, description="how long an idempotency key's result is kept")
 
 
 class ApiKeySpec(BaseModel):

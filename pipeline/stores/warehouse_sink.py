@@ -68,6 +68,12 @@ class WarehouseSink:
     async def stop(self) -> None:
         pass
 
+    async def on_assigned(self, topic_partitions: list[tuple[str, int]]) -> None:
+        pass  # stateless: the warehouse is the state
+
+    async def on_revoked(self, topic_partitions: list[tuple[str, int]]) -> None:
+        pass
+
     async def handle(self, items: list[Item]) -> None:
         assert self.producer is not None
         tables: dict[str, tuple[list[str], list[list[Any]]]] = defaultdict(lambda: ([], []))

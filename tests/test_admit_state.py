@@ -1,0 +1,134 @@
+"""admit's state beyond one process: the `admit.state` changelog restored after kill -9,
+idempotency keys (duplicates get the original's result), and deployment limits (per tenant and
+global shares) on a real broker."""
+
+from __future__ import annotations
+
+import asyncio
+import re
+from collections import Counter
+
+import pytest
+
+from pipeline.contracts import Evidence
+from pipeline.engines.chat_engine import chat_prompt_ids
+from pipeline.engines.tokenizer import load_chat_tokenizer
+from pipeline.ingress import Client
+from pipeline.runtime.codec import decode
+from pipeline.runtime.launch import stage_worker
+from pipeline.runtime.topics import TopicNames
+from pipeline.runtime.topology import Topology
+from tests.conftest import Proc, create_topics, read_topic, wait_until
+from tests.test_admit_stack import body, burst, stack
+
+pytestmark = [pytest.mark.integration, pytest.mark.asyncio(loop_scope="session")]
+
+
+async def evidence(broker, names: TopicNames) -> list[Evidence]:
+    return [decode(r.value, Evidence) for r in await read_topic(broker.bootstrap, names.evidence, 10**9, timeout=3)]
+
+
+async def test_kill9_of_admit_leaks_no_slot_and_counts_no_budget_twice(broker, prefix, tmp_path, prepared_model):
+    """An admit worker is killed with holds in flight; their completions arrive while it is dead. The
+    replacement restores the changelog before deciding: afterwards every slot is free and the budget
+    used equals exactly what the requests that ran spent (no lost and no double settlement)."""
+    s0 = stack(tmp_path, prefix, broker, prepared_model, [])
+    tokens_in = len(chat_prompt_ids(load_chat_tokenizer(s0), [{"role": "user", "content": "Hello there"}]))
+    worst = (tokens_in + 16) / 1000
+    budget, limit = 30 * worst + 1e-9, 4
+    s = stack(tmp_path, prefix, broker, prepared_model,
+              [{"name": "steady", "limits": {"concurrency": limit, "daily_budget_usd": budget}}],
+              answer="tests.stages:Spend", answer_policy={"sleep_ms": 400})
+    names = TopicNames(prefix)
+    await create_topics(s)
+    answer = stage_worker(s, Topology(s), "answer", broker.bootstrap)
+    await answer.start()
+    first = Proc("admit", s, tmp_path / "admit-a.log", env={"LLMPIPE_WORKER_ID": "admit-a"})
+    second: Proc | None = None
+    try:
+        async with Client(broker.bootstrap, topic_prefix=prefix) as client:
+            warm = client.build(body=body(), tenant_id="warmup", timeout_s=120)  # an unconfigured tenant: unmetered
+            await client.wait(warm.request_id, (await client.submit_many([warm]))[0], 120)
+            docs, futs = [], []
+            for i in range(80):  # 40/s; the worker dies after 24, while holds are in flight
+                d = client.build(body=body(), tenant_id="steady", timeout_s=180)
+                docs.append(d)
+                futs += await client.submit_many([d])
+                if i == 24:
+                    first.kill9()
+                    second = Proc("admit", s, tmp_path / "admit-b.log", env={"LLMPIPE_WORKER_ID": "admit-b"})
+                await asyncio.sleep(0.025)
+            answers = [await client.wait(d.request_id, f, 180) for d, f in zip(docs, futs)]
+            by = Counter((a.status.value, a.error_class) for a in answers)
+            ok = sum(a.status == "ok" for a in answers)
+            assert 0 < ok <= 30 and sum(by.values()) == 80, by
+            assert set(by) <= {("ok", None), ("rejected", "concurrency_limited"), ("rejected", "budget_exhausted")}, by
+            await asyncio.sleep(3)  # the last completions reach admit.release
+            final = client.build(body=body(), tenant_id="steady", timeout_s=60)
+            await client.wait(final.request_id, (await client.submit_many([final]))[0], 60)
+        assert second is not None
+        restored = re.findall(r"admit restored partitions \[[\d, ]+\]: (\d+) state records", second.log.read_text())
+        assert restored and int(restored[-1]) > 0, second.tail()
+        rows = [e for e in await evidence(broker, names) if e.request_id == final.request_id and e.stage == "admit"]
+        assert len(rows) == 1, rows
+        scores = rows[0].scores
+        print(f"\nkill -9 mid-load: {dict(by)}; after recovery: concurrency left {scores['concurrency']:.0f}/{limit}, "
+              f"budget left {scores['daily_budget_usd']:.6f} = {budget:.6f} - {ok} x {worst:.6f}")
+        assert scores["concurrency"] == limit, "a slot leaked"
+        assert abs(scores["daily_budget_usd"] - (budget - ok * worst)) < 1e-6, "the budget counts a request twice or not at all"
+    finally:
+        for p in (first, second):
+            if p is not None:
+                p.stop()
+        await answer.stop()
+
+
+async def test_an_idempotency_key_executes_once_and_every_duplicate_gets_its_result(broker, prefix, tmp_path,
+                                                                                     prepared_model):
+    s = stack(tmp_path, prefix, broker, prepared_model, [{"name": "shop", "limits": {"rpm": 100}}],
+              answer="tests.stages:Unique", answer_policy={"sleep_ms": 800})
+    names = TopicNames(prefix)
+    await create_topics(s)
+    topo = Topology(s)
+    workers = [stage_worker(s, topo, "admit", broker.bootstrap), stage_worker(s, topo, "answer", broker.bootstrap)]
+    await asyncio.gather(*(w.start() for w in workers))
+    try:
+        async with Client(broker.bootstrap, topic_prefix=prefix) as client:
+            docs = [client.build(body=body("Refund order 42"), tenant_id="shop", timeout_s=60, idempotency_key="refund-42")
+                    for _ in range(5)]
+            futs = await client.submit_many(docs)  # all five at once
+            answers = [await client.wait(d.request_id, f, 60) for d, f in zip(docs, futs)]
+            later = client.build(body=body("Refund order 42"), tenant_id="shop", timeout_s=60, idempotency_key="refund-42")
+            late = await client.wait(later.request_id, (await client.submit_many([later]))[0], 60)
+            other = client.build(body=body("Refund order 43"), tenant_id="shop", timeout_s=60, idempotency_key="refund-43")
+            fresh = await client.wait(other.request_id, (await client.submit_many([other]))[0], 60)
+    finally:
+        for w in reversed(workers):
+            await w.stop()
+    assert all(a.status == "ok" for a in answers + [late, fresh])
+    assert len({a.text for a in answers + [late]}) == 1, "one execution's result for every caller"
+    assert fresh.text != late.text, "another key executes"
+    owners = [a for a in answers if a.duplicate_of is None]
+    assert len(owners) == 1 and all(a.duplicate_of == owners[0].request_id for a in answers + [late] if a is not owners[0])
+    assert {a.request_id for a in answers} == {d.request_id for d in docs}, "each caller answered under its own id"
+    rows = await evidence(broker, names)
+    executed = [e for e in rows if e.stage == "answer" and e.decision == "executed"]
+    assert len(executed) == 2, "refund-42 once, refund-43 once"
+    decisions = Counter(e.decision for e in rows if e.stage == "admit")
+    assert decisions["duplicate_parked"] == 4 and decisions["duplicate_answered"] == 4, decisions
+    assert decisions["duplicate_replayed"] == 1, decisions
+
+
+async def test_deployment_limits_spill_to_the_next_deployment_and_never_fall_back_past_a_limit(
+        broker, prefix, tmp_path, prepared_model):
+    """Tenant limit rpm 3 on `a`; `b` has a global rpm 6, i.e. 1 per admit partition (6 partitions);
+    `c` has none. Ten requests: 3 on a, 1 on b, 6 on c; fallbacks only to unlimited deployments."""
+    s = stack(tmp_path, prefix, broker, prepared_model,
+              [{"name": "spill", "limits": {"deployments": {"a": {"rpm": 3}}}}], answer="tests.stages:Placement",
+              deployments=[{"name": "a"}, {"name": "b", "limits": {"rpm": 6}}, {"name": "c"}])
+    names = TopicNames(prefix)
+    _, answers = await burst(s, broker, prefix, 1, "spill", [f"p{i}" for i in range(10)])
+    placed = Counter(a.text for a in answers)
+    assert placed == {"a|a,c": 3, "b|b,c": 1, "c|c": 6}, placed
+    rows = [e for e in await evidence(broker, names) if e.stage == "admit" and e.decision == "admitted"]
+    assert Counter(e.reason for e in rows) == {"within limits on a": 3, "within limits on b": 1, "within limits on c": 6}

@@ -128,11 +128,13 @@ async def decisions_bench(data_dir: Path, model_dir: Path, n: int) -> dict[str, 
 # ---- 2. one worker through the broker ----------------------------------------------------------
 
 
-async def worker_bench(broker: EmbeddedBroker, tmp: Path, model_dir: Path, n: int, timeout_s: float) -> dict[str, Any]:
+async def worker_bench(broker: EmbeddedBroker, tmp: Path, model_dir: Path, n: int, timeout_s: float,
+                       concurrency: int = 64) -> dict[str, Any]:
     prefix = f"bench{uuid.uuid4().hex[:8]}."
     names = TopicNames(prefix)
     s = settings(tmp, model_dir, prefix, broker.bootstrap,
-                 [{"name": "admit", "runtime": {"concurrency": 64}}, {"name": "answer", "class": "tests.stages:Answer"}])
+                 [{"name": "admit", "runtime": {"concurrency": concurrency}},
+                  {"name": "answer", "class": "tests.stages:Answer"}])
     await create_topics(s)
     docs = docs_for(n, prefix)
     p = AIOKafkaProducer(bootstrap_servers=broker.bootstrap, acks="all", linger_ms=5, max_batch_size=256 << 10)
@@ -173,7 +175,7 @@ async def worker_bench(broker: EmbeddedBroker, tmp: Path, model_dir: Path, n: in
         await watcher.stop()
     span = t_done - (t_assigned or t_done)
     rate = len(seen) / span if span > 0 else 0.0
-    return {"records": n, "forwarded": len(seen), "complete": len(seen) >= n, "process_s": round(span, 2),
+    return {"concurrency": concurrency, "records": n, "forwarded": len(seen), "complete": len(seen) >= n, "process_s": round(span, 2),
             "records_per_s": round(rate, 1), "ratio_to_target": round(rate / DECISIONS_TARGET, 2),
             "host_cpu": cpu.result()}
 

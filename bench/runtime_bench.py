@@ -37,7 +37,6 @@ if str(ROOT) not in sys.path:
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 import typer  # noqa: E402
-import yaml  # noqa: E402
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition  # noqa: E402
 from rich.console import Console  # noqa: E402
 from rich.table import Table  # noqa: E402
@@ -53,7 +52,7 @@ from pipeline.runtime.launch import stage_worker  # noqa: E402
 from pipeline.runtime.topics import TopicNames, apply_topics  # noqa: E402
 from pipeline.runtime.topology import Topology  # noqa: E402
 from pipeline.runtime.worker import StageWorker  # noqa: E402
-from pipeline.settings import Settings, StageSpec  # noqa: E402
+from pipeline.settings import Settings, StageSpec, worker_config_yaml  # noqa: E402
 
 HOP_TARGET_MS = 5.0
 HOPS = ["h1", "h2", "h3", "h4"]
@@ -79,8 +78,7 @@ class WorkerProc:
 
     def __init__(self, stage: str, s: Settings, log: Path) -> None:
         cfg = log.with_suffix(".yaml")
-        cfg.write_text(yaml.safe_dump(s.model_dump(mode="json", by_alias=True, exclude_none=True,
-                                                   include={"stages", "tenants", "deployments", "engine"})))
+        cfg.write_text(worker_config_yaml(s))
         env = {**os.environ, "LLMPIPE_CONFIG": str(cfg), "LLMPIPE_BOOTSTRAP": s.bootstrap or "",
                "LLMPIPE_TOPIC_PREFIX": s.topic_prefix, "LLMPIPE_DATA_DIR": str(s.data_dir),
                "LLMPIPE_LOG_LEVEL": "WARNING", "PYTHONPATH": str(ROOT)}

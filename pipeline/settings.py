@@ -230,3 +230,15 @@ def load_settings(config: Path | None = None, **overrides: Any) -> Settings:
     if config is not None:
         os.environ[CONFIG_ENV] = str(config)
     return Settings(**{k: v for k, v in overrides.items() if v is not None})
+
+
+WORKER_CONFIG_FIELDS = {"stages", "tenants", "deployments", "engine", "runtime", "consumer"}
+
+
+def worker_config_yaml(settings: Settings) -> str:
+    """The YAML a child `llmpipe worker` needs to run as `settings` describes (the broker, topic
+    prefix and data dir travel as LLMPIPE_* environment variables)."""
+    import yaml
+
+    return yaml.safe_dump(settings.model_dump(mode="json", by_alias=True, exclude_none=True,
+                                              include=WORKER_CONFIG_FIELDS))

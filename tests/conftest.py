@@ -16,12 +16,11 @@ from typing import Any
 import httpx
 import pytest
 import pytest_asyncio
-import yaml
 
 from pipeline.runtime.broker import EmbeddedBroker, free_port
 from pipeline.runtime.topics import apply_topics
 from pipeline.runtime.topology import Topology
-from pipeline.settings import Settings, StageSpec
+from pipeline.settings import Settings, StageSpec, worker_config_yaml
 from pipeline.stores.sql_gateway import query_via_admin
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -79,9 +78,7 @@ class Proc:
     def __init__(self, stage: str, settings: Settings, log: Path, env: dict[str, str] | None = None,
                  args: list[str] | None = None) -> None:
         cfg = log.with_suffix(".yaml")
-        cfg.write_text(yaml.safe_dump(settings.model_dump(
-            mode="json", by_alias=True, exclude_none=True,
-            include={"stages", "tenants", "deployments", "engine", "runtime", "consumer"})))
+        cfg.write_text(worker_config_yaml(settings))
         full_env = {**os.environ, "LLMPIPE_CONFIG": str(cfg), "LLMPIPE_BOOTSTRAP": settings.bootstrap or "",
                     "LLMPIPE_TOPIC_PREFIX": settings.topic_prefix, "LLMPIPE_DATA_DIR": str(settings.data_dir),
                     **(env or {})}

@@ -39,18 +39,16 @@ def release_for(resp: Response, *, with_response: bool = False) -> AdmitRelease:
 
 # ---- `admit.state`: admit's changelog ---------------------------------------------------------
 # One partition per admit input partition (records are produced to the tenant's partition), keyed
-# so that the latest record per key is the state: compaction keeps it bounded on Kafka.
+# so that the latest record per key is the state: compaction keeps it bounded on Kafka; compaction
+# keeps the survivors' order, and restore applies them in offset order.
 
 ADMIT_STATE_SCHEMA = "admit_state/v1"
 Buckets = list[tuple[int, int, int]]  # (second, requests, tokens) of a rolling-minute window
 
 
 class TenantTotals(WireModel):
-    """key `t/<tenant>`: a tenant's spend and windows (its own and per deployment)."""
+    """A tenant's spend and windows (its own and per deployment), carried by its latest hold record."""
 
-    schema_: Literal["admit_state/v1"] = Field(ADMIT_STATE_SCHEMA, alias="schema")
-    kind: Literal["totals"] = "totals"
-    tenant: str
     day: str = ""
     spent_day_usd: float = 0.0
     month: str = ""
@@ -59,10 +57,19 @@ class TenantTotals(WireModel):
     lanes: dict[str, Buckets] = Field(default_factory=dict)
 
 
+class ShareWindow(WireModel):
+    """This partition's use of its share of a deployment's global limits."""
+
+    deployment: str
+    window: Buckets = Field(default_factory=list)
+
+
 class HoldRecord(WireModel):
     """key `h/<tenant>/<request_id>/<attempt>`: an admitted request not finished yet; once answered
     (settled, or rejected here), the fact that it was, until `expires_ms` (a copy redelivered after a
-    crash is not decided again); then a tombstone."""
+    crash is not decided again); then a tombstone. A record that changed the tenant's totals (or a
+    deployment share) carries them: on restore, in offset order, the latest wins. One record per
+    decision, not three: each output costs a produce round trip (bench/admit_bench.py)."""
 
     schema_: Literal["admit_state/v1"] = Field(ADMIT_STATE_SCHEMA, alias="schema")
     kind: Literal["hold"] = "hold"
@@ -75,15 +82,8 @@ class HoldRecord(WireModel):
     deployment: str | None = None
     attempt: int = 0
     settled: bool = False
-
-
-class ShareWindow(WireModel):
-    """key `d/<deployment>`: this partition's use of its share of a deployment's global limits."""
-
-    schema_: Literal["admit_state/v1"] = Field(ADMIT_STATE_SCHEMA, alias="schema")
-    kind: Literal["share"] = "share"
-    deployment: str
-    window: Buckets = Field(default_factory=list)
+    totals: TenantTotals | None = None
+    share: ShareWindow | None = None
 
 
 class IdempotencyRecord(WireModel):
@@ -110,6 +110,6 @@ class StateMarker(WireModel):
     marker_id: str
 
 
-class AdmitStateRecord(RootModel[Annotated[Union[TenantTotals, HoldRecord, ShareWindow, IdempotencyRecord, StateMarker],
+class AdmitStateRecord(RootModel[Annotated[Union[HoldRecord, IdempotencyRecord, StateMarker],
                                            Field(discriminator="kind")]]):
     pass

@@ -43,7 +43,8 @@ class ChangelogReader:
         return len(await self.producer.partitions_for(topic or self.topic))
 
     async def read(self, partitions: list[int], timeout_s: float = 60.0) -> dict[int, dict[bytes, bytes | None]]:
-        """The latest value of every key in each partition, as of this call."""
+        """The latest value of every key in each partition, as of this call, in the order of
+        those latest values' offsets (what a compacted topic would still hold, in its order)."""
         assert self.producer is not None, "start() first"
         out: dict[int, dict[bytes, bytes | None]] = {p: {} for p in partitions}
         if not partitions:
@@ -74,7 +75,9 @@ class ChangelogReader:
                                 del waiting[tp.partition]
                             continue
                         if tp.partition in waiting and rec.key is not None:
-                            out[tp.partition][rec.key] = rec.value
+                            latest = out[tp.partition]
+                            latest.pop(rec.key, None)  # re-insert: the dict stays in order of latest offset
+                            latest[rec.key] = rec.value
         finally:
             await consumer.stop()
         return out

@@ -153,26 +153,22 @@ class AdmitStage(Stage):
     def _rec(self, tenant: str, key: str, value: BaseModel | None) -> SideRecord:
         return SideRecord(STATE_TOPIC, key.encode(), value, partition=self.partition_of(tenant))
 
-    def _totals(self, tenant: str) -> SideRecord:
+    def _totals(self, tenant: str) -> TenantTotals:
         s = self.states[tenant]
-        return self._rec(tenant, f"t/{tenant}", TenantTotals(
-            tenant=tenant, day=s.day, spent_day_usd=s.spent_day_usd, month=s.month, spent_month_usd=s.spent_month_usd,
-            window=_buckets(s.meter.window), lanes={d: _buckets(m.window) for d, m in s.lanes.items()}))
+        return TenantTotals(day=s.day, spent_day_usd=s.spent_day_usd, month=s.month, spent_month_usd=s.spent_month_usd,
+                            window=_buckets(s.meter.window), lanes={d: _buckets(m.window) for d, m in s.lanes.items()})
 
-    def _hold(self, tenant: str, h: Hold, settled_until: int | None = None) -> SideRecord:
+    def _share(self, tenant: str, deployment: str | None) -> ShareWindow | None:
+        m = self.shares.get(self.partition_of(tenant), {}).get(deployment or "")
+        return None if m is None else ShareWindow(deployment=deployment or "", window=_buckets(m.window))
+
+    def _hold(self, tenant: str, h: Hold, settled_until: int | None = None, *, with_totals: bool = False) -> SideRecord:
         settled = settled_until is not None
         return self._rec(tenant, f"h/{tenant}/{h.decided_key}", HoldRecord(
             tenant=tenant, request_id=h.request_id, at_ms=h.at_ms, tokens=h.tokens, cost_usd=h.cost_usd,
             expires_ms=settled_until if settled_until is not None else h.expires_ms, deployment=h.deployment,
-            attempt=h.attempt, settled=settled))
-
-    def _share(self, tenant: str, deployment: str | None) -> list[SideRecord]:
-        p = self.partition_of(tenant)
-        m = self.shares.get(p, {}).get(deployment or "")
-        if m is None:
-            return []
-        return [SideRecord(STATE_TOPIC, f"d/{deployment}".encode(),
-                           ShareWindow(deployment=deployment or "", window=_buckets(m.window)), partition=p)]
+            attempt=h.attempt, settled=settled, totals=self._totals(tenant) if with_totals else None,
+            share=self._share(tenant, h.deployment) if with_totals else None))
 
     def _claim(self, c: Claim, gone: bool = False) -> SideRecord:
         value = None if gone else IdempotencyRecord(tenant=c.tenant, key_digest=c.digest, request_id=c.request_id,
@@ -181,12 +177,10 @@ class AdmitStage(Stage):
         return self._rec(c.tenant, f"i/{c.tenant}/{c.digest}", value)
 
     def _changed(self, tenant: str, holds: list[Hold], settled: bool) -> list[SideRecord]:
-        out = [self._totals(tenant)]
+        """One record per hold that changed, each with the tenant's totals and its deployment share."""
         s = self.states[tenant]
-        for h in holds:
-            out.append(self._hold(tenant, h, s.settled.get(h.decided_key, 0) if settled else None))
-            out += self._share(tenant, h.deployment)
-        return out
+        return [self._hold(tenant, h, s.settled.get(h.decided_key, 0) if settled else None, with_totals=True)
+                for h in holds]
 
     async def on_assigned(self, partitions: list[int]) -> None:
         if self.reader is None or not partitions:
@@ -207,19 +201,21 @@ class AdmitStage(Stage):
         self._log_restore(partitions, n, time.monotonic() - t0)
 
     def _restore(self, p: int, rec: BaseModel) -> None:
-        if isinstance(rec, TenantTotals):
+        if isinstance(rec, HoldRecord):
             s = self.states[rec.tenant]
-            s.day, s.spent_day_usd, s.month, s.spent_month_usd = rec.day, rec.spent_day_usd, rec.month, rec.spent_month_usd
-            s.meter.window = _window(rec.window)
-            for d, b in rec.lanes.items():
-                s.lane(d).window = _window(b)
-        elif isinstance(rec, HoldRecord) and rec.settled:
-            self.states[rec.tenant].settled[decided_key(rec.request_id, rec.attempt)] = rec.expires_ms
-        elif isinstance(rec, HoldRecord):
-            self.states[rec.tenant].add_hold(Hold(rec.request_id, rec.at_ms, rec.tokens, rec.cost_usd, rec.expires_ms,
-                                                  rec.deployment, rec.attempt))
-        elif isinstance(rec, ShareWindow):
-            self._shares(p).setdefault(rec.deployment, Meter()).window = _window(rec.window)
+            if rec.settled:
+                s.settled[decided_key(rec.request_id, rec.attempt)] = rec.expires_ms
+            else:
+                s.add_hold(Hold(rec.request_id, rec.at_ms, rec.tokens, rec.cost_usd, rec.expires_ms, rec.deployment,
+                                rec.attempt))
+            if rec.totals is not None:  # records come in offset order: the latest totals win
+                t = rec.totals
+                s.day, s.spent_day_usd, s.month, s.spent_month_usd = t.day, t.spent_day_usd, t.month, t.spent_month_usd
+                s.meter.window = _window(t.window)
+                for d, b in t.lanes.items():
+                    s.lane(d).window = _window(b)
+            if rec.share is not None:
+                self._shares(p).setdefault(rec.share.deployment, Meter()).window = _window(rec.share.window)
         elif isinstance(rec, IdempotencyRecord):
             c = Claim(rec.tenant, rec.key_digest, rec.request_id, rec.state, rec.at_ms, rec.expires_ms,
                       rec.response, list(rec.waiters))

@@ -11,6 +11,7 @@ import asyncio
 import csv
 import io
 import logging
+import os
 import sys
 from collections.abc import Callable
 from functools import wraps
@@ -25,7 +26,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from pipeline.settings import Settings, load_settings
+from pipeline.settings import MAX_IMAGE_PIXELS, Settings, load_settings
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help=__doc__.split("\n")[0])
 topics_app = typer.Typer(no_args_is_help=True, help="Topic registry (topics/topics.yaml).")
@@ -236,6 +237,8 @@ def worker(stage: Annotated[str, typer.Argument(help="stage name from the topolo
            admin_port: Annotated[int, typer.Option(help="sink only: admin/SQL port (0 = free)")] = 0,
            ready_file: Annotated[Optional[Path], typer.Option(help="touched once the worker consumes")] = None) -> None:
     """Run one stage group's worker against any broker (scale out by running more)."""
+    # OpenCV reads its pixel cap once, at import: set it before any stage can import cv2
+    os.environ.setdefault("OPENCV_IO_MAX_IMAGE_PIXELS", str(MAX_IMAGE_PIXELS))
     from pipeline.runtime.launch import run_until_signalled, sink_worker, stage_worker
     from pipeline.runtime.metrics import serve_metrics
     from pipeline.runtime.topology import Topology
@@ -343,10 +346,23 @@ def report(data_dir: DataDir = Path(".llmpipe"), config: ConfigFile = None, boot
 # ---- callers -----------------------------------------------------------------------------------
 
 
+def _image_arg(value: str) -> str:
+    """A local file becomes a data URL (media sniffs the real type from the bytes); anything else is a URL."""
+    import base64
+    import mimetypes
+
+    path = Path(value).expanduser()
+    if "://" in value or value.startswith("data:") or not path.is_file():
+        return value
+    mime = mimetypes.guess_type(path.name)[0] or "application/octet-stream"
+    return f"data:{mime};base64,{base64.b64encode(path.read_bytes()).decode()}"
+
+
 @app.command()
 @command
 def submit(prompt: Annotated[str, typer.Option("--prompt", help="the user message")],
-           image: Annotated[Optional[list[str]], typer.Option("--image", help="image URL (repeatable)")] = None,
+           image: Annotated[Optional[list[str]], typer.Option(
+               "--image", help="image URL or local file (sent inline as a data URL); repeatable")] = None,
            api_key: Annotated[Optional[str], typer.Option("--api-key", envvar="LLMPIPE_API_KEY")] = None,
            model: Annotated[Optional[str], typer.Option("--model")] = None,
            max_tokens: Annotated[Optional[int], typer.Option("--max-tokens")] = None,
@@ -363,7 +379,7 @@ def submit(prompt: Annotated[str, typer.Option("--prompt", help="the user messag
     s = _settings(data_dir, config, bootstrap)
     bs, prefix = _stack_bootstrap(s)
     body = ChatBody(messages=[ChatMessage(role="user", content=prompt)], model=model, max_tokens=max_tokens,
-                    seed=seed, images=image or [])
+                    seed=seed, images=[_image_arg(i) for i in image or []])
 
     async def run() -> Any:
         async with Client(bs, topic_prefix=prefix) as client:

@@ -18,6 +18,7 @@ from pipeline.stages.tenants import RateLimits, TenantSpec
 
 CONFIG_ENV = "LLMPIPE_CONFIG"
 DEFAULT_CONFIG_FILE = "llmpipe.yaml"
+MAX_IMAGE_PIXELS = 40_000_000  # media's default pixel budget, also OpenCV's own cap in worker processes
 
 
 class ConsumerSettings(BaseModel):

@@ -161,6 +161,32 @@ class AdmissionSection(WireModel):
     policy_version: str
 
 
+class ImageInfo(WireModel):
+    """One image as media received and decoded it: its shape, never its pixels (those are blobs)."""
+
+    index: int
+    source: Literal["url", "data", "blob"]
+    kind: str = Field(description="sniffed from the bytes: jpeg | png | gif | webp | bmp")
+    sha256: str
+    bytes: int
+    width: int
+    height: int
+    reduced: int = Field(1, description="libjpeg scale-down used while decoding (1, 2, 4, 8)")
+    fetch_ms: float = 0.0
+    decode_ms: float = 0.0
+    redirects: int = 0
+    raw_ref: str = Field(description="blob reference of the encoded bytes")
+    tensor_ref: str = Field(description="blob reference of the processor's output (float32 .npy)")
+
+
+class MediaSection(WireModel):
+    """Filled by media: every image fetched, checked and decoded, stored as claim checks."""
+
+    images: list[ImageInfo]
+    processor_revision: str
+    policy_version: str
+
+
 class MaskingSection(WireModel):
     """Filled by mask. Entity texts never appear here: only counts, and the sealed restore mapping."""
 
@@ -206,7 +232,7 @@ class RequestDoc(WireModel):
     cache: CacheSection | None = None
     route: RouteSection | None = None
     admission: AdmissionSection | None = None
-    media: Section | None = None
+    media: MediaSection | None = None
     vision: Section | None = None
     generation: GenerationSection | None = None
     result: Section | None = None

@@ -29,6 +29,14 @@ class StageTimes(WireModel):
     service_ms: float
 
 
+class ImageShape(WireModel):
+    kind: str
+    width: int
+    height: int
+    bytes: int
+    decode_ms: float
+
+
 class Response(WireModel):
     schema_: Literal["response/v1"] = Field(RESPONSE_SCHEMA, alias="schema")
     request_id: str
@@ -56,6 +64,7 @@ class Response(WireModel):
     timings: dict[str, StageTimes] = Field(default_factory=dict)
     replay_id: str = ""
     duplicate_of: str | None = Field(None, description="idempotency: the request whose result this is")
+    images: list[ImageShape] = Field(default_factory=list, description="the request's images as media decoded them")
 
     @property
     def e2e_ms(self) -> float | None:

@@ -98,6 +98,11 @@ class Stage:
     #: co-partitioned with the stage's input (e.g. admit's completions, keyed by tenant like its input)
     side_inputs: ClassVar[dict[str, type[BaseModel]]] = {}
 
+    @classmethod
+    def applies_to(cls, doc: RequestDoc) -> bool:
+        """Does this stage have work for `doc`? If not, the previous stage forwards past it."""
+        return True
+
     def __init__(self, ctx: StageContext) -> None:
         self.ctx = ctx
         self.name = ctx.name

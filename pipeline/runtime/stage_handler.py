@@ -25,7 +25,7 @@ from aiokafka import AIOKafkaProducer
 
 from pipeline.contracts import Evidence, ReplyTo, RequestDoc, Response, StageTiming, Status
 from pipeline.contracts.admit import release_for
-from pipeline.contracts.response import StageTimes
+from pipeline.contracts.response import ImageShape, StageTimes
 from pipeline.runtime.codec import decode, encode, header_map, request_headers
 from pipeline.runtime.dlq import dead_letter
 from pipeline.runtime.errors import DecodeError, TopologyError
@@ -245,7 +245,7 @@ class StageHandler:
             await self._answer(out, self._finish(doc, outcome.response), doc.reply_to, headers,
                                idempotent=doc.idempotency_key is not None)
             return
-        nxt = outcome.next_stage or self.topology.next_after(self.name)
+        nxt = outcome.next_stage or self.topology.next_for(self.name, doc)
         if nxt is None:
             err = self._error_response(doc, "topology_error", f"stage {self.name} forwarded but no stage follows it")
             await self._answer(out, err, doc.reply_to, headers, idempotent=doc.idempotency_key is not None)
@@ -263,10 +263,12 @@ class StageHandler:
 
     def _finish(self, doc: RequestDoc, resp: Response) -> Response:
         times = {t.stage: StageTimes(queue_ms=t.queue_ms, service_ms=t.service_ms) for t in doc.timings}
+        images = [ImageShape(kind=i.kind, width=i.width, height=i.height, bytes=i.bytes, decode_ms=i.decode_ms)
+                  for i in doc.media.images] if doc.media else resp.images
         return resp.model_copy(update={
             "request_id": doc.request_id, "tenant_id": doc.tenant_id, "answered_by": self.name,
             "created_ms": doc.created_ms, "timings": {**times, **resp.timings},
-            "replay_id": self.replay.replay_id if self.replay else "",
+            "replay_id": self.replay.replay_id if self.replay else "", "images": images,
         })
 
     def _error_response(self, doc: RequestDoc, error_class: str, reason: str, status: Status = Status.error) -> Response:

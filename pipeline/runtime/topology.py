@@ -20,6 +20,7 @@ PRODUCT_STAGES: dict[str, str] = {
     "cache": "pipeline.stages.cache:CacheStage",
     "route": "pipeline.stages.route:RouteStage",
     "admit": "pipeline.stages.admit:AdmitStage",
+    "media": "pipeline.stages.media:MediaStage",
     "generate": "pipeline.stages.generate:GenerateStage",
     "postprocess": "pipeline.stages.postprocess:PostprocessStage",
 }
@@ -49,6 +50,7 @@ class Topology:
         self.specs: dict[str, StageSpec] = {s.name: s for s in specs}
         self.order = [s.name for s in specs]
         self.registry = registry or load_registry()
+        self._classes: dict[str, type[Stage]] = {}
 
     def stage_class(self, name: str) -> type[Stage]:
         spec = self.spec(name)
@@ -92,6 +94,17 @@ class Topology:
     def next_after(self, name: str) -> str | None:
         i = self.order.index(name)
         return self.order[i + 1] if i + 1 < len(self.order) else None
+
+    def next_for(self, name: str, doc: RequestDoc) -> str | None:
+        """The next stage that has work for this request (text-only requests skip media and vision)."""
+        i = self.order.index(name)
+        for nxt in self.order[i + 1:]:
+            cls = self._classes.get(nxt)
+            if cls is None:
+                cls = self._classes[nxt] = self.stage_class(nxt)
+            if cls.applies_to(doc):
+                return nxt
+        return None
 
     def keyed_like_requests(self, stage: str) -> bool:
         """Does the stage's input use the `requests` topic's key (request_id)? If not, records

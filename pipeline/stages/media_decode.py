@@ -18,7 +18,8 @@ from dataclasses import dataclass
 import numpy as np
 from pydantic import BaseModel, Field
 
-DEFAULT_MAX_PIXELS = 40_000_000
+from pipeline.settings import MAX_IMAGE_PIXELS as DEFAULT_MAX_PIXELS
+
 os.environ.setdefault("OPENCV_IO_MAX_IMAGE_PIXELS", str(DEFAULT_MAX_PIXELS))
 
 import cv2  # noqa: E402

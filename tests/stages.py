@@ -114,3 +114,12 @@ class Placement(Stage):
         text = f"{adm.deployment}|{','.join(adm.deployments)}" if adm else "unadmitted"
         resp = Response(request_id=doc.request_id, status=Status.ok, text=text, answered_by=self.name)
         return Outcome.answer(doc, resp, self.evidence(doc, "placed"))
+
+
+class Describe(Stage):
+    """Answers with what vision said about the request's images (`description`), for vision tests."""
+
+    async def process(self, doc: RequestDoc) -> Outcome:
+        text = doc.vision.description if doc.vision else "no vision"
+        resp = Response(request_id=doc.request_id, status=Status.ok, text=text, answered_by=self.name)
+        return Outcome.answer(doc, resp, self.evidence(doc, "described"))

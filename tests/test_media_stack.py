@@ -10,7 +10,6 @@ from collections import Counter
 
 import numpy as np
 import pytest
-import pytest_asyncio
 
 from pipeline.contracts import Evidence
 from pipeline.contracts.request import ChatBody, ChatMessage
@@ -21,19 +20,11 @@ from pipeline.runtime.topics import TopicNames
 from pipeline.runtime.topology import Topology
 from pipeline.stores.blob_store import BlobError, LocalBlobStore
 from tests.conftest import create_topics, read_topic, settings_for
-from tests.media_servers import ImageServer, jpeg, png
+from tests.media_servers import jpeg, png
 
 on_loop = pytest.mark.asyncio(loop_scope="session")
 pytestmark = [pytest.mark.integration]
 
-
-@pytest_asyncio.fixture(loop_scope="session")
-async def images():
-    server = await ImageServer().start()
-    try:
-        yield server
-    finally:
-        await server.stop()
 
 
 def body(text: str, imgs: list[str]) -> ChatBody:
@@ -41,8 +32,8 @@ def body(text: str, imgs: list[str]) -> ChatBody:
 
 
 @on_loop
-async def test_image_requests_are_decoded_stored_and_answered(broker, prefix, tmp_path, images):
-    policy = {"rules": {"test_allow": [f"127.0.0.1:{images.port}"]}}
+async def test_image_requests_are_decoded_stored_and_answered(broker, prefix, tmp_path, image_server):
+    policy = {"rules": {"test_allow": [f"127.0.0.1:{image_server.port}"]}}
     s = settings_for(tmp_path, prefix, broker.bootstrap,
                      [{"name": "media", "policy": policy}, {"name": "answer", "class": "tests.stages:Answer"}])
     await create_topics(s)
@@ -53,7 +44,7 @@ async def test_image_requests_are_decoded_stored_and_answered(broker, prefix, tm
     await asyncio.gather(*(w.start() for w in workers))
     try:
         async with Client(broker.bootstrap, topic_prefix=prefix) as client:
-            docs = [client.build(body=body(f"what is in image {i}?", [f"{images.base}/img/{i}.jpg"]),
+            docs = [client.build(body=body(f"what is in image {i}?", [f"{image_server.base}/img/{i}.jpg"]),
                                  tenant_id="acme", timeout_s=120) for i in range(100)]
             inline = "data:image/jpeg;base64," + base64.b64encode(jpeg(320, 200)).decode()
             docs += [client.build(body=body("inline", [inline, uploaded]), tenant_id="acme", timeout_s=120),
@@ -61,8 +52,8 @@ async def test_image_requests_are_decoded_stored_and_answered(broker, prefix, tm
                      client.build(body=body("stolen", [uploaded]), tenant_id="other", timeout_s=120),
                      client.build(body=body("ssrf", ["http://169.254.169.254/latest/meta-data/"]), tenant_id="acme",
                                   timeout_s=120),
-                     client.build(body=body("bomb", [f"{images.base}/bomb.jpg"]), tenant_id="acme", timeout_s=120),
-                     client.build(body=body("html", [f"{images.base}/page.html"]), tenant_id="acme", timeout_s=120)]
+                     client.build(body=body("bomb", [f"{image_server.base}/bomb.jpg"]), tenant_id="acme", timeout_s=120),
+                     client.build(body=body("html", [f"{image_server.base}/page.html"]), tenant_id="acme", timeout_s=120)]
             futs = await client.submit_many(docs)
             answers = [await client.wait(d.request_id, f, 120) for d, f in zip(docs, futs)]
     finally:

@@ -18,7 +18,8 @@ def test_submit_answers_paris_then_the_cache_serves_the_repeat(tmp_path):
     assert up.returncode == 0, up.stderr
     info = last_json(up)
     try:
-        assert info["stages"] == ["mask", "cache", "route", "admit", "media", "generate", "postprocess"]
+        assert info["stages"] == ["mask", "cache", "route", "admit", "media", "vision", "generate",
+                                  "postprocess"]
         first = llmpipe("submit", "--prompt", "What is the capital of France?", "--json", data_dir=tmp_path, timeout=300)
         assert first.returncode == 0, first.stderr
         a = last_json(first)

@@ -187,6 +187,25 @@ class MediaSection(WireModel):
     policy_version: str
 
 
+class ImageFeatures(WireModel):
+    index: int
+    labels: list[str] = Field(description="top ImageNet labels, best first")
+    scores: list[float]
+    embedding_ref: str = Field(description="blob reference of the L2-normalised embedding (float32 .npy)")
+    cache: Literal["hit", "miss"]
+
+
+class VisionSection(WireModel):
+    """Filled by vision: features per image, and the description a text-only model gets instead."""
+
+    images: list[ImageFeatures]
+    encoder_revision: str
+    processor_revision: str
+    template_revision: str
+    description: str = Field(description="placed before the user's last message for text-only models")
+    policy_version: str
+
+
 class MaskingSection(WireModel):
     """Filled by mask. Entity texts never appear here: only counts, and the sealed restore mapping."""
 
@@ -233,12 +252,23 @@ class RequestDoc(WireModel):
     route: RouteSection | None = None
     admission: AdmissionSection | None = None
     media: MediaSection | None = None
-    vision: Section | None = None
+    vision: VisionSection | None = None
     generation: GenerationSection | None = None
     result: Section | None = None
     timings: list[StageTiming] = Field(default_factory=list)
     # free-form labels for tests and replays (never PII)
     labels: dict[str, Any] = Field(default_factory=dict)
+
+    def chat_messages(self) -> list[dict[str, str]]:
+        """The messages a model sees: the caller's, with vision's description of the images (for a
+        text-only model) placed before the last user message."""
+        msgs = [{"role": m.role, "content": m.content} for m in self.body.messages]
+        if self.vision is not None and self.vision.description:
+            for m in reversed(msgs):
+                if m["role"] == "user":
+                    m["content"] = f"{self.vision.description}\n{m['content']}"
+                    break
+        return msgs
 
     def prompt_text(self) -> str:
         return "\n".join(m.content for m in self.body.messages)

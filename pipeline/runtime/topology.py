@@ -21,6 +21,7 @@ PRODUCT_STAGES: dict[str, str] = {
     "route": "pipeline.stages.route:RouteStage",
     "admit": "pipeline.stages.admit:AdmitStage",
     "media": "pipeline.stages.media:MediaStage",
+    "vision": "pipeline.stages.vision:VisionStage",
     "generate": "pipeline.stages.generate:GenerateStage",
     "postprocess": "pipeline.stages.postprocess:PostprocessStage",
 }

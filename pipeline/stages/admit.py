@@ -369,7 +369,7 @@ class AdmitStage(Stage):
     def ask_for(self, doc: RequestDoc, order: list[str]) -> Ask:
         assert self.tokenizer is not None, "start() first"
         p = self.policy
-        messages = [{"role": m.role, "content": m.content} for m in doc.body.messages]
+        messages = doc.chat_messages()
         tokens_in = chat_prompt_len(self.tokenizer, messages)
         max_tokens = doc.body.max_tokens or p.assumed_max_tokens
         cost = worst_case_cost([self.deployments[d] for d in order], tokens_in, max_tokens)

@@ -66,7 +66,9 @@ def sampling_for(doc: RequestDoc, policy: GeneratePolicy) -> Sampling:
 def needs_for(doc: RequestDoc, prompt_tokens: int, sampling: Sampling) -> Needs:
     c = doc.context
     return Needs(context_tokens=prompt_tokens, expected_output_tokens=sampling.max_tokens,
-                 images=bool(doc.body.images), json_schema=sampling.json_schema is not None,
+                 # described by vision, the images reach a text-only model as text
+                 images=bool(doc.body.images) and not (doc.vision and doc.vision.description),
+                 json_schema=sampling.json_schema is not None,
                  regions=frozenset(c.residency) if c.residency is not None else None, max_cost_usd=c.max_cost_usd)
 
 
@@ -197,7 +199,7 @@ class GenerateStage(Stage):
         assert self.tokenizer is not None, "start() first"
         p = self.policy
         a = _Attempts(doc)
-        messages = [{"role": m.role, "content": m.content} for m in doc.body.messages]
+        messages = doc.chat_messages()
         sampling = sampling_for(doc, p)
         needs = needs_for(doc, len(chat_prompt_ids(self.tokenizer, messages)), sampling)
         if doc.admission and doc.admission.deployments:  # admit counted it against these limits

@@ -13,7 +13,6 @@ import asyncio
 import base64
 import binascii
 import hashlib
-import io
 import re
 
 import numpy as np
@@ -45,12 +44,6 @@ class MediaError(Exception):
     def __init__(self, error_class: str, reason: str, index: int) -> None:
         super().__init__(reason)
         self.error_class, self.reason, self.index = error_class, reason, index
-
-
-def _npy(x: np.ndarray) -> bytes:
-    buf = io.BytesIO()
-    np.save(buf, x, allow_pickle=False)
-    return buf.getvalue()
 
 
 class MediaStage(Stage):
@@ -135,4 +128,4 @@ class MediaStage(Stage):
         return data, sniff(data)
 
     def _store(self, tenant: str, data: bytes, kind: str, tensor: np.ndarray) -> tuple[str, str]:
-        return self.blobs.put(tenant, data, kind), self.blobs.put(tenant, _npy(tensor), "npy")
+        return self.blobs.put(tenant, data, kind), self.blobs.put_array(tenant, tensor)

@@ -7,10 +7,13 @@ its hash. Local directory by default (an S3-compatible store in production has t
 from __future__ import annotations
 
 import hashlib
+import io
 import os
 import re
 import tempfile
 from pathlib import Path
+
+import numpy as np
 
 SCHEME = "blob://"
 _REF = re.compile(r"^blob://([A-Za-z0-9][A-Za-z0-9._-]{0,127})/([0-9a-f]{64})\.([a-z0-9]{1,8})$")
@@ -57,6 +60,15 @@ class LocalBlobStore:
                 f.write(data)
             os.replace(tmp, path)
         return ref
+
+    def put_array(self, tenant: str, array: "np.ndarray") -> str:
+        """An array as a .npy blob (no pickle: readers load it with allow_pickle=False)."""
+        buf = io.BytesIO()
+        np.save(buf, array, allow_pickle=False)
+        return self.put(tenant, buf.getvalue(), "npy")
+
+    def get_array(self, ref: str, tenant: str) -> "np.ndarray":
+        return np.load(io.BytesIO(self.get(ref, tenant)), allow_pickle=False)
 
     def get(self, ref: str, tenant: str) -> bytes:
         owner, digest, ext = parse_ref(ref)

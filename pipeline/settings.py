@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import os
+from contextvars import ContextVar
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, Field, SecretStr, model_validator
+from pydantic import BaseModel, Field, PrivateAttr, SecretStr, model_validator
 from pydantic_settings import (
     BaseSettings,
     PydanticBaseSettingsSource,
@@ -154,6 +155,8 @@ class Settings(BaseSettings):
         env_prefix="LLMPIPE_", env_nested_delimiter="__", extra="forbid", populate_by_name=True
     )
 
+    _config_file: str | None = PrivateAttr(None)  # the YAML file these came from (for child processes)
+
     data_dir: Path = Path(".llmpipe")
     bootstrap: str | None = None
     topic_prefix: str = "llmpipe."
@@ -187,7 +190,7 @@ class Settings(BaseSettings):
         dotenv_settings: PydanticBaseSettingsSource,
         file_secret_settings: PydanticBaseSettingsSource,
     ) -> tuple[PydanticBaseSettingsSource, ...]:
-        path = os.environ.get(CONFIG_ENV) or (DEFAULT_CONFIG_FILE if Path(DEFAULT_CONFIG_FILE).exists() else None)
+        path = config_path()
         sources: list[PydanticBaseSettingsSource] = [init_settings, env_settings]
         if path:
             if not Path(path).is_file():
@@ -226,11 +229,27 @@ class Settings(BaseSettings):
         return ConsumerSettings.model_validate({**self.consumer.model_dump(), **spec.consumer})
 
 
+# --config for the Settings being built now: a context variable, not os.environ, so one in-process
+# call never changes the config of later ones (or of every child process started after it)
+_explicit_config: ContextVar[str | None] = ContextVar("llmpipe_config", default=None)
+
+
+def config_path() -> str | None:
+    """The YAML file settings come from: --config, else LLMPIPE_CONFIG, else ./llmpipe.yaml if present."""
+    return (_explicit_config.get() or os.environ.get(CONFIG_ENV)
+            or (DEFAULT_CONFIG_FILE if Path(DEFAULT_CONFIG_FILE).exists() else None))
+
+
 def load_settings(config: Path | None = None, **overrides: Any) -> Settings:
     """Build settings, honouring an explicit --config file over LLMPIPE_CONFIG."""
-    if config is not None:
-        os.environ[CONFIG_ENV] = str(config)
-    return Settings(**{k: v for k, v in overrides.items() if v is not None})
+    token = _explicit_config.set(str(Path(config).resolve())) if config is not None else None
+    try:
+        s = Settings(**{k: v for k, v in overrides.items() if v is not None})
+        s._config_file = config_path()
+    finally:
+        if token is not None:
+            _explicit_config.reset(token)
+    return s
 
 
 WORKER_CONFIG_FIELDS = {"stages", "tenants", "deployments", "engine", "runtime", "consumer"}

@@ -27,7 +27,7 @@ from pipeline.runtime.launch import sink_worker, stage_worker, start_all
 from pipeline.runtime.metrics import serve_metrics
 from pipeline.runtime.topics import apply_topics
 from pipeline.runtime.topology import Topology
-from pipeline.settings import Settings
+from pipeline.settings import CONFIG_ENV, Settings
 from pipeline.stores.sql_gateway import AdminServer
 from pipeline.stores.warehouse import Warehouse
 from pipeline.stores.warehouse_sink import SINK_STAGE
@@ -102,6 +102,8 @@ class _ChildWorkers:
         env = {**os.environ, "LLMPIPE_BOOTSTRAP": self.bootstrap,
                "LLMPIPE_DATA_DIR": str(self.settings.resolved_data_dir()),
                "LLMPIPE_TOPIC_PREFIX": self.settings.topic_prefix}
+        if self.settings._config_file:  # the workers read the supervisor's config file
+            env[CONFIG_ENV] = self.settings._config_file
         cmd = [sys.executable, "-m", "pipeline.cli", "worker", stage, "--ready-file", str(self.ready_file(stage))]
         self.ready_file(stage).unlink(missing_ok=True)
         if stage == SINK_STAGE:

@@ -108,3 +108,19 @@ def test_fetch_pacer_slows_idle_consumers_and_speeds_up_on_the_next_record():
     assert not off.idle, "idle wait = fast wait: pacing is off"
     with pytest.raises(RuntimeError):
         FetchPacer(SimpleNamespace(), 5, 50, 1000)  # not started: no fetcher
+
+
+def test_an_explicit_config_file_does_not_leak_into_later_settings(tmp_path, monkeypatch):
+    """`--config` once (e.g. an in-process CLI call) must not become every later process's config:
+    it used to be written into os.environ, and child processes inherited it."""
+    import os
+
+    from pipeline.settings import CONFIG_ENV, load_settings
+
+    monkeypatch.delenv(CONFIG_ENV, raising=False)
+    cfg = tmp_path / "one.yaml"
+    cfg.write_text("stages:\n  - name: only\n    class: tests.stages:Answer\n")
+    s = load_settings(cfg)
+    assert [x.name for x in s.stages] == ["only"] and s._config_file == str(cfg.resolve())
+    assert CONFIG_ENV not in os.environ
+    assert load_settings().stages == [], "the next settings are built without it"

@@ -1,0 +1,60 @@
+"""`llmpipe submit --image` as a user runs it, against `llmpipe up` with media and vision: an image
+URL and a local file (sent inline) are both described to the model; a hostile URL is refused."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+import yaml
+
+from pipeline.contracts.request import ChatBody, ChatMessage, RequestDoc, VisionSection
+from pipeline.contracts.request import ImageFeatures
+from tests.media_servers import jpeg
+from tests.test_cli_stack import last_json, llmpipe
+
+pytestmark = [pytest.mark.integration]
+
+
+@pytest.mark.asyncio(loop_scope="session")
+async def test_submit_image_url_and_local_file(tmp_path, image_server):
+    cfg = tmp_path / "images.yaml"
+    cfg.write_text(yaml.safe_dump({"stages": [
+        {"name": "media", "policy": {"rules": {"test_allow": [f"127.0.0.1:{image_server.port}"]}}},
+        {"name": "vision"}, {"name": "answer", "class": "tests.stages:Describe"}]}))
+    photo = tmp_path / "photo.jpg"
+    photo.write_bytes(jpeg(320, 240))
+
+    def run(*args: str, timeout: float = 180):
+        return asyncio.to_thread(llmpipe, *args, data_dir=tmp_path, timeout=timeout)
+
+    up = await run("up", "--detach", "--config", str(cfg), "--json", timeout=300)
+    assert up.returncode == 0, up.stderr
+    try:
+        by_url = await run("submit", "--prompt", "what is this?", "--image", f"{image_server.base}/ok.jpg", "--json")
+        by_file = await run("submit", "--prompt", "and this?", "--image", str(photo), "--json")
+        hostile = await run("submit", "--prompt", "x", "--image", "http://169.254.169.254/latest/meta-data/", "--json")
+    finally:
+        down = await run("down")
+    assert down.returncode == 0, down.stderr
+    for r in (by_url, by_file):
+        assert r.returncode == 0, r.stderr
+        a = last_json(r)
+        assert a["status"] == "ok" and a["text"].startswith("[image 1: "), a
+    assert hostile.returncode == 2 and "fetch_refused" in hostile.stderr and "169.254.169.254" in hostile.stderr
+    assert any(c.startswith("GET /ok.jpg") for c in image_server.connections)
+
+
+def test_the_model_sees_the_description_before_the_last_user_message():
+    doc = RequestDoc(request_id="r", body=ChatBody(messages=[ChatMessage(role="system", content="be brief"),
+                                                            ChatMessage(role="user", content="what is it?")]))
+    assert doc.chat_messages()[-1]["content"] == "what is it?"
+    feats = [ImageFeatures(index=0, labels=["ping-pong ball"], scores=[0.84], embedding_ref="x", cache="miss")]
+    doc = doc.model_copy(update={"vision": VisionSection(images=feats, encoder_revision="e", processor_revision="p",
+                                                         template_revision="img-desc-v1",
+                                                         description="[image 1: ping-pong ball 0.84]",
+                                                         policy_version="v")})
+    msgs = doc.chat_messages()
+    assert msgs[0] == {"role": "system", "content": "be brief"}
+    assert msgs[-1]["content"] == "[image 1: ping-pong ball 0.84]\nwhat is it?"
+    assert doc.body.messages[-1].content == "what is it?", "the caller's messages are not changed"

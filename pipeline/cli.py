@@ -37,6 +37,8 @@ models_app = typer.Typer(no_args_is_help=True, help="Model files (prepared once,
 app.add_typer(models_app, name="models")
 tenants_app = typer.Typer(no_args_is_help=True, help="Tenants, API keys and limits (published on control).")
 app.add_typer(tenants_app, name="tenants")
+blobs_app = typer.Typer(no_args_is_help=True, help="Claim-check blobs (images a request refers to by blob://).")
+app.add_typer(blobs_app, name="blobs")
 out = Console()
 err = Console(stderr=True)
 
@@ -647,6 +649,25 @@ def cache_eval(pairs: Annotated[Path, typer.Option("--pairs", exists=True, dir_o
         out.print(t)
         report = {k: v for k, v in report.items() if k != "pairs"}
     _print_json(report)
+
+
+@blobs_app.command("put")
+@command
+def blobs_put(file: Annotated[Path, typer.Argument(exists=True, dir_okay=False, help="the file to upload")],
+              tenant: Annotated[str, typer.Option("--tenant", help="the tenant that may use it")],
+              data_dir: DataDir = Path(".llmpipe"), config: ConfigFile = None, json: Json = False) -> None:
+    """Upload a file to the blob store and print its reference (use it as `--image blob://...`)."""
+    from pipeline.stores.blob_store import LocalBlobStore, tenant_key
+
+    s = _settings(data_dir, config, None)
+    data = file.read_bytes()
+    ext = file.suffix.lstrip(".").lower()
+    ref = LocalBlobStore(s.resolved_data_dir() / "blobs").put(
+        tenant_key(tenant), data, ext if ext.isalnum() and ext.isascii() and len(ext) <= 8 else "bin")
+    if json:
+        _print_json({"ref": ref, "bytes": len(data)})
+    else:
+        out.print(ref)
 
 
 @models_app.command("prepare")

@@ -1,5 +1,6 @@
 """`llmpipe submit --image` as a user runs it, against `llmpipe up` with media and vision: an image
-URL and a local file (sent inline) are both described to the model; a hostile URL is refused."""
+URL, a local file (sent inline) and an uploaded blob (`llmpipe blobs put`) are all described to the
+model; a hostile URL and another tenant's blob are refused."""
 
 from __future__ import annotations
 
@@ -34,10 +35,17 @@ async def test_submit_image_url_and_local_file(tmp_path, image_server):
         by_url = await run("submit", "--prompt", "what is this?", "--image", f"{image_server.base}/ok.jpg", "--json")
         by_file = await run("submit", "--prompt", "and this?", "--image", str(photo), "--json")
         hostile = await run("submit", "--prompt", "x", "--image", "http://169.254.169.254/latest/meta-data/", "--json")
+        put = await run("blobs", "put", str(photo), "--tenant", "acme", "--json")
+        assert put.returncode == 0, put.stderr
+        ref = last_json(put)["ref"]
+        by_blob = await run("submit", "--prompt", "and this one?", "--image", ref, "--tenant", "acme", "--json")
+        stolen = await run("submit", "--prompt", "mine now", "--image", ref, "--tenant", "other", "--json")
     finally:
         down = await run("down")
     assert down.returncode == 0, down.stderr
-    for r in (by_url, by_file):
+    assert ref.startswith("blob://acme/") and ref.endswith(".jpg")
+    assert stolen.returncode == 2 and "blob_forbidden" in stolen.stderr
+    for r in (by_url, by_file, by_blob):
         assert r.returncode == 0, r.stderr
         a = last_json(r)
         assert a["status"] == "ok" and a["text"].startswith("[image 1: "), a

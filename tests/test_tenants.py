@@ -90,7 +90,7 @@ async def test_keys_added_and_revoked_while_running(broker, prefix, tmp_path):
     for w in workers:
         await w.start()  # mask replays control before its first record: the key is known
     try:
-        async with Client(broker.bootstrap, topic_prefix=prefix) as client:
+        async with asyncio.timeout(240), Client(broker.bootstrap, topic_prefix=prefix) as client:
             def ask(text: str = "hello", **kw):
                 return client.build(body=ChatBody(messages=[ChatMessage(role="user", content=text)]), timeout_s=60, **kw)
 
@@ -100,7 +100,9 @@ async def test_keys_added_and_revoked_while_running(broker, prefix, tmp_path):
             unknown = await client.request(ask(api_key=new_api_key()), 60)
             missing = await client.request(ask(tenant_id="acme"), 60)
             huge = await client.request(ask("x" * 40_000, api_key=key), 60)
-            revoked = cli("tenants", "revoke-key", "--sha256", key_hash(key), prefix=prefix, bootstrap=broker.bootstrap)
+            # in a thread: a blocking call here would stall the workers' heartbeats on this event loop
+            revoked = await asyncio.to_thread(cli, "tenants", "revoke-key", "--sha256", key_hash(key), prefix=prefix,
+                                              bootstrap=broker.bootstrap)
             assert revoked.returncode == 0, revoked.stderr
             for _ in range(100):
                 after = await client.request(ask(api_key=key), 60)

@@ -36,12 +36,12 @@ if str(ROOT) not in sys.path:
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 import typer  # noqa: E402
-from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition  # noqa: E402
+from aiokafka import AIOKafkaProducer  # noqa: E402
 from rich.console import Console  # noqa: E402
 from rich.table import Table  # noqa: E402
 
 from bench._common import CpuWindow, pct  # noqa: E402
-from bench.runtime_bench import WorkerProc, create_topics, fmt, paced  # noqa: E402
+from bench.runtime_bench import WorkerProc, create_topics, fmt, paced, run_worker_until  # noqa: E402
 from pipeline.contracts import AdmitRelease, ReplyTo, RequestDoc  # noqa: E402
 from pipeline.contracts.base import now_ms  # noqa: E402
 from pipeline.contracts.request import ChatBody, ChatMessage  # noqa: E402
@@ -146,38 +146,14 @@ async def worker_bench(broker: EmbeddedBroker, tmp: Path, model_dir: Path, n: in
         await asyncio.gather(*futs)
     finally:
         await p.stop()
-    watcher = AIOKafkaConsumer(bootstrap_servers=broker.bootstrap, enable_auto_commit=False, group_id=None,
-                               auto_offset_reset="earliest", fetch_max_wait_ms=20)
-    await watcher.start()
     parts = Topology(s).topic_registry()["stage.answer"].partitions
-    watcher.assign([TopicPartition(names.stage_input("answer"), i) for i in range(parts)])
-    seen: set[bytes] = set()
-    worker = stage_worker(s, Topology(s), "admit", broker.bootstrap)
-    t_start = time.perf_counter()
-    t_assigned = None
-    cpu = CpuWindow()
-    try:
-        await worker.start()
-        deadline = t_start + timeout_s
-        while time.perf_counter() < deadline and len(seen) < n:
-            if t_assigned is None:
-                if worker.consumer is not None and worker.consumer.assignment():
-                    t_assigned = time.perf_counter()
-                    cpu = CpuWindow()
-                else:
-                    await asyncio.sleep(0.005)
-                    continue
-            for recs in (await watcher.getmany(timeout_ms=50)).values():
-                seen.update(r.key for r in recs)
-        t_done = time.perf_counter()
-    finally:
-        await worker.stop()
-        await watcher.stop()
-    span = t_done - (t_assigned or t_done)
-    rate = len(seen) / span if span > 0 else 0.0
-    return {"concurrency": concurrency, "records": n, "forwarded": len(seen), "complete": len(seen) >= n, "process_s": round(span, 2),
-            "records_per_s": round(rate, 1), "ratio_to_target": round(rate / DECISIONS_TARGET, 2),
-            "host_cpu": cpu.result()}
+    r = await run_worker_until(stage_worker(s, Topology(s), "admit", broker.bootstrap), broker.bootstrap,
+                               names.stage_input("answer"), parts, n, timeout_s)
+    span = r.t_done - r.t_assigned
+    rate = r.seen / span if span > 0 else 0.0
+    return {"concurrency": concurrency, "records": n, "forwarded": r.seen, "complete": r.seen >= n,
+            "process_s": round(span, 2), "records_per_s": round(rate, 1),
+            "ratio_to_target": round(rate / DECISIONS_TARGET, 2), "host_cpu": r.cpu}
 
 
 # ---- 3. hop latency, admit vs a relay ----------------------------------------------------------

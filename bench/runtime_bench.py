@@ -27,6 +27,7 @@ import sys
 import tempfile
 import time
 import uuid
+from dataclasses import dataclass
 from pathlib import Path
 from collections.abc import Callable
 from typing import Any
@@ -212,6 +213,49 @@ async def publish(bootstrap: str, topic: str, docs: list[RequestDoc]) -> None:
         await p.stop()
 
 
+@dataclass
+class WorkerRun:
+    seen: int  # distinct keys read from the output topic
+    t_start: float
+    t_assigned: float  # first partition assigned (records start flowing)
+    t_half: float | None  # half of n seen
+    t_done: float
+    cpu: dict[str, float | None]  # host CPU from assignment to done
+
+
+async def run_worker_until(worker: StageWorker, bootstrap: str, topic: str, partitions: int, n: int,
+                           timeout_s: float) -> WorkerRun:
+    """Start `worker`, read `topic` until n distinct keys appeared (or timeout), stop it."""
+    watcher = AIOKafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False, group_id=None,
+                               auto_offset_reset="earliest", fetch_max_wait_ms=20)
+    await watcher.start()
+    watcher.assign([TopicPartition(topic, p) for p in range(partitions)])
+    seen: set[bytes] = set()
+    t_start = time.perf_counter()
+    t_assigned = t_half = None
+    cpu = CpuWindow()
+    try:
+        await worker.start()
+        deadline = t_start + timeout_s
+        while time.perf_counter() < deadline and len(seen) < n:
+            if t_assigned is None:
+                if worker.consumer is not None and worker.consumer.assignment():
+                    t_assigned = time.perf_counter()
+                    cpu = CpuWindow()
+                else:
+                    await asyncio.sleep(0.005)
+                    continue
+            for recs in (await watcher.getmany(timeout_ms=50)).values():
+                seen.update(r.key for r in recs)
+            if t_half is None and len(seen) >= n // 2:
+                t_half = time.perf_counter()
+        t_done = time.perf_counter()
+    finally:
+        await worker.stop()
+        await watcher.stop()
+    return WorkerRun(len(seen), t_start, t_assigned or t_done, t_half, t_done, cpu.result())
+
+
 async def throughput_one(broker: EmbeddedBroker, tmp: Path, n: int, concurrency: int, timeout_s: float) -> dict[str, Any]:
     prefix = f"bench{uuid.uuid4().hex[:8]}."
     names = TopicNames(prefix)
@@ -228,43 +272,10 @@ async def throughput_one(broker: EmbeddedBroker, tmp: Path, n: int, concurrency:
 
     # Count answers by reading `responses` (distinct keys): the embedded broker's end offsets
     # (ListOffsets latest) lag behind the records actually readable under concurrent produce.
-    watcher = AIOKafkaConsumer(bootstrap_servers=broker.bootstrap, enable_auto_commit=False, group_id=None,
-                               auto_offset_reset="earliest", fetch_max_wait_ms=20)
-    await watcher.start()
     n_parts = Topology(s).topic_registry()["responses"].partitions
-    watcher.assign([TopicPartition(names.responses, p) for p in range(n_parts)])
-    seen: set[bytes] = set()
-
-    worker = stage_worker(s, Topology(s), stage, broker.bootstrap)
-    t_start = time.perf_counter()
-    t_assigned = None
-    t_done = None
-    t_half = None
-    cpu = CpuWindow()
-    try:
-        await worker.start()
-        deadline = t_start + timeout_s
-        while time.perf_counter() < deadline:
-            if t_assigned is None:
-                if worker.consumer is not None and worker.consumer.assignment():  # records start flowing
-                    t_assigned = time.perf_counter()
-                    cpu = CpuWindow()
-                else:
-                    await asyncio.sleep(0.005)
-                    continue
-            for recs in (await watcher.getmany(timeout_ms=50)).values():
-                seen.update(r.key for r in recs)
-            if t_half is None and len(seen) >= n // 2:
-                t_half = time.perf_counter()
-            if len(seen) >= n:
-                break
-        t_done = time.perf_counter()
-    finally:
-        await worker.stop()
-        await watcher.stop()
-    done = len(seen)
-    cpu_use = cpu.result()
-    t_assigned = t_assigned or t_done
+    r = await run_worker_until(stage_worker(s, Topology(s), stage, broker.bootstrap), broker.bootstrap,
+                               names.responses, n_parts, n, timeout_s)
+    done, t_start, t_assigned, t_half, t_done, cpu_use = r.seen, r.t_start, r.t_assigned, r.t_half, r.t_done, r.cpu
     span = t_done - t_assigned
     return {"concurrency": concurrency, "records": n, "answered": done, "complete": done >= n,
             "publish_s": round(publish_s, 2), "join_s": round(t_assigned - t_start, 2), "process_s": round(span, 2),

@@ -28,8 +28,6 @@ import hashlib
 import heapq
 import time
 from collections import defaultdict
-from dataclasses import dataclass, field
-from typing import Literal
 
 from aiokafka.partitioner import DefaultPartitioner
 from pydantic import BaseModel, Field
@@ -79,18 +77,8 @@ def key_digest(idempotency_key: str) -> str:
     return hashlib.sha256(idempotency_key.encode()).hexdigest()[:32]
 
 
-@dataclass
-class Claim:
-    """An idempotency key of a tenant: the request that owns it and, once known, its result."""
-
-    tenant: str
-    digest: str
-    request_id: str
-    state: Literal["in_progress", "done"]
-    at_ms: int
-    expires_ms: int
-    response: Response | None = None
-    waiters: list[RequestDoc] = field(default_factory=list)
+# An idempotency claim in memory is its changelog record (mutable: state, response and waiters change).
+Claim = IdempotencyRecord
 
 
 def _buckets(w: Window) -> Buckets:
@@ -171,10 +159,8 @@ class AdmitStage(Stage):
             share=self._share(tenant, h.deployment) if with_totals else None))
 
     def _claim(self, c: Claim, gone: bool = False) -> SideRecord:
-        value = None if gone else IdempotencyRecord(tenant=c.tenant, key_digest=c.digest, request_id=c.request_id,
-                                                    state=c.state, at_ms=c.at_ms, expires_ms=c.expires_ms,
-                                                    response=c.response, waiters=c.waiters)
-        return self._rec(c.tenant, f"i/{c.tenant}/{c.digest}", value)
+        value = None if gone else c.model_copy(update={"waiters": list(c.waiters)})  # as of now
+        return self._rec(c.tenant, f"i/{c.tenant}/{c.key_digest}", value)
 
     def _changed(self, tenant: str, holds: list[Hold], settled: bool) -> list[SideRecord]:
         """One record per hold that changed, each with the tenant's totals and its deployment share."""
@@ -217,9 +203,7 @@ class AdmitStage(Stage):
             if rec.share is not None:
                 self._shares(p).setdefault(rec.share.deployment, Meter()).window = _window(rec.share.window)
         elif isinstance(rec, IdempotencyRecord):
-            c = Claim(rec.tenant, rec.key_digest, rec.request_id, rec.state, rec.at_ms, rec.expires_ms,
-                      rec.response, list(rec.waiters))
-            self._remember(c)
+            self._remember(rec)
 
     def _count_in_flight(self, tenant: str, h: Hold) -> None:
         s = self.states[tenant]
@@ -260,10 +244,10 @@ class AdmitStage(Stage):
     # ---- idempotency ---------------------------------------------------------------------------
 
     def _remember(self, c: Claim) -> None:
-        self.claims[c.tenant][c.digest] = c
+        self.claims[c.tenant][c.key_digest] = c
         if c.state == "in_progress":
             self.claim_of[c.request_id] = c
-        heapq.heappush(self._claim_expiry, (c.expires_ms, c.tenant, c.digest))
+        heapq.heappush(self._claim_expiry, (c.expires_ms, c.tenant, c.key_digest))
 
     def _expire_claims(self, now: int) -> list[SideRecord]:
         out = []
@@ -290,7 +274,7 @@ class AdmitStage(Stage):
     def _abandon(self, c: Claim, resp: Response) -> tuple[list[Outcome], list[SideRecord]]:
         """The owner did not run (rejected here): the key is free again; parked duplicates get the same answer."""
         self.claim_of.pop(c.request_id, None)
-        self.claims[c.tenant].pop(c.digest, None)
+        self.claims[c.tenant].pop(c.key_digest, None)
         return [self._duplicate(w, c, resp, "duplicate_answered") for w in c.waiters], [self._claim(c, gone=True)]
 
     def _idempotency(self, doc: RequestDoc, tenant: str, now: int) -> Outcome | Claim:
@@ -301,8 +285,8 @@ class AdmitStage(Stage):
         if c is not None and c.state == "done" and c.expires_ms <= now:
             c = None  # past the window: a new execution
         if c is None:
-            c = Claim(tenant, digest, doc.request_id, "in_progress", now,
-                      now + self._window_ms(tenant))
+            c = Claim(tenant=tenant, key_digest=digest, request_id=doc.request_id, state="in_progress", at_ms=now,
+                      expires_ms=now + self._window_ms(tenant))
             self._remember(c)
             return c
         if c.request_id == doc.request_id:

@@ -212,9 +212,43 @@ def up(data_dir: DataDir = Path(".llmpipe"), config: ConfigFile = None, bootstra
         if json:
             _print_json(info.__dict__)
         else:
-            out.print(f"stack ready: broker {info.bootstrap}, admin {info.admin_url}, stages {info.stages or 'none'}")
+            out.print(f"stack ready: broker {info.bootstrap}, front door {info.http_url}, admin {info.admin_url}, "
+                      f"stages {info.stages or 'none'}")
         return
     asyncio.run(run_stack(s, processes=processes))
+
+
+@app.command()
+@command
+def serve(data_dir: DataDir = Path(".llmpipe"), config: ConfigFile = None, bootstrap: Bootstrap = None,
+          host: Annotated[Optional[str], typer.Option(help="listen address (default: settings http.host)")] = None,
+          port: Annotated[Optional[int], typer.Option(help="listen port (default: settings http.port)")] = None) -> None:
+    """Run the OpenAI-compatible front door against a broker (`llmpipe up` runs one itself)."""
+    import signal
+
+    from pipeline.ingress.http import FrontDoor, HttpServer
+    from pipeline.runtime.metrics import serve_metrics
+
+    s = _settings(data_dir, config, bootstrap)
+    boot, prefix = _stack_bootstrap(s)
+    s = s.model_copy(update={"topic_prefix": prefix})
+
+    async def run() -> None:
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, stop.set)
+        if s.metrics_port is not None:
+            serve_metrics(s.metrics_port, s.metrics_host)
+        server = await HttpServer(FrontDoor(s, boot), host or s.http.host,
+                                  s.http.port if port is None else port).start()
+        out.print(f"front door on {server.url}")
+        try:
+            await stop.wait()
+        finally:
+            await server.stop()
+
+    asyncio.run(run())
 
 
 @app.command()

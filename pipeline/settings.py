@@ -128,6 +128,19 @@ class AuthSettings(BaseModel):
                                               "(production); false: trusted producers may publish tenant_id directly")
 
 
+class HttpSettings(BaseModel):
+    """The OpenAI-compatible front door (`llmpipe serve`; `llmpipe up` runs one in the supervisor)."""
+
+    host: str = Field("127.0.0.1", description="0.0.0.0 in containers")
+    port: int = Field(0, ge=0, description="0 = any free port (written to stack.json as http_url)")
+    request_timeout_s: float = Field(120.0, gt=0, description="deadline of a request that names none")
+    max_timeout_s: float = Field(600.0, gt=0, description="the longest deadline a caller may ask for")
+    max_body_bytes: int = Field(8 << 20, ge=1024, description="larger bodies are answered 413 unread")
+    reply_partition: int | None = Field(None, ge=0, description="this front door's reply partition (None: random)")
+    tokenizer: bool = Field(True, description="load the served model's tokenizer to spell logprob tokens "
+                                              "(false: tokens are shown as ids)")
+
+
 class SecretSettings(BaseModel):
     """Secrets come from the environment or a secret-mounted file, never from logs or topics."""
 
@@ -179,6 +192,7 @@ class Settings(BaseSettings):
     deployments: list[Deployment] = Field(default_factory=default_deployments)
     tenants: list[TenantSpec] = Field(default_factory=list, description="tenants and hashed keys; control adds more")
     auth: AuthSettings = AuthSettings()
+    http: HttpSettings = HttpSettings()
     log_level: str = "INFO"
 
     @classmethod

@@ -22,6 +22,7 @@ from pathlib import Path
 
 import httpx
 
+from pipeline.ingress.http import FrontDoor, HttpServer
 from pipeline.runtime.broker import EmbeddedBroker, free_port
 from pipeline.runtime.launch import sink_worker, stage_worker, start_all
 from pipeline.runtime.metrics import serve_metrics
@@ -45,7 +46,7 @@ class StackError(RuntimeError):
 class StackInfo:
     bootstrap: str
     admin_url: str
-    frontdoor_url: str | None
+    http_url: str | None
     topic_prefix: str
     warehouse_dsn: str
     stages: list[str]
@@ -186,6 +187,7 @@ async def run_stack(settings: Settings, processes: bool = False) -> None:
     warehouse: Warehouse | None = None
     admin: AdminServer | None = None
     children: _ChildWorkers | None = None
+    http: HttpServer | None = None
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -209,7 +211,8 @@ async def run_stack(settings: Settings, processes: bool = False) -> None:
             await children.wait_ready(180)
             pids.update({f"worker:{s}": p.pid for s, p in children.procs.items()})
             supervise = asyncio.create_task(children.supervise(stop))
-            info = StackInfo(bootstrap, f"http://127.0.0.1:{admin_port}", None, settings.topic_prefix,
+            http = await HttpServer(FrontDoor(settings, bootstrap), settings.http.host, settings.http.port).start()
+            info = StackInfo(bootstrap, f"http://127.0.0.1:{admin_port}", http.url, settings.topic_prefix,
                              settings.resolved_warehouse_dsn(), stages, pids)
             info.write(data_dir)
             log.info("stack ready: %s", info)
@@ -227,18 +230,28 @@ async def run_stack(settings: Settings, processes: bool = False) -> None:
         ready = asyncio.Event()
 
         async def announce() -> None:
+            nonlocal http
             await ready.wait()
-            info = StackInfo(bootstrap, admin.url, None, settings.topic_prefix, settings.resolved_warehouse_dsn(),
+            http = await HttpServer(FrontDoor(settings, bootstrap), settings.http.host, settings.http.port).start()
+            info = StackInfo(bootstrap, admin.url, http.url, settings.topic_prefix, settings.resolved_warehouse_dsn(),
                              stages, pids, metrics_url)
             info.write(data_dir)
             log.info("stack ready: broker %s, admin %s, stages %s", bootstrap, admin.url, stages or "none")
 
         announcer = asyncio.create_task(announce())
-        runner = asyncio.create_task(_run_workers(workers, stop, ready))
+        async def close_door() -> None:  # before the stages drain: no new requests meanwhile
+            nonlocal http
+            if http is not None:
+                await http.stop()
+                http = None
+
+        runner = asyncio.create_task(_run_workers(workers, stop, ready, close_door))
         await runner
         await announcer
     finally:
         (data_dir / STACK_FILE).unlink(missing_ok=True)
+        if http is not None:  # the door closes first: no new requests while the stages drain
+            await http.stop()
         if children is not None:
             await children.stop(settings.runtime.drain_timeout_s + 10)
         if admin is not None:
@@ -249,7 +262,7 @@ async def run_stack(settings: Settings, processes: bool = False) -> None:
             broker.stop()
 
 
-async def _run_workers(workers, stop: asyncio.Event, ready: asyncio.Event) -> None:
+async def _run_workers(workers, stop: asyncio.Event, ready: asyncio.Event, before_stop) -> None:
     # upstream stages first in the stop order: reverse the start order except the sink, which goes last
     ordered = workers[1:] + workers[:1]
     started = []
@@ -257,6 +270,7 @@ async def _run_workers(workers, stop: asyncio.Event, ready: asyncio.Event) -> No
         started = await start_all(workers)
         ready.set()
         await stop.wait()
+        await before_stop()
     finally:
         for w in ordered:
             if w in started:

@@ -43,6 +43,7 @@ class Response(WireModel):
     tenant_id: str | None = None
     status: Status
     text: str | None = None
+    finish_reason: str | None = Field(None, description="ok answers: stop | length (the model's), stop for cache hits")
     error_class: str | None = Field(None, description="machine-readable class, e.g. schema_invalid")
     reason: str | None = Field(None, description="one human-readable line")
     retry_after_ms: int | None = Field(None, description="rejections: when trying again may succeed")

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
-from pydantic import ValidationError
+from pydantic import Field, ValidationError
 
-from pipeline.contracts.request import ChatBody, ChatMessage, ResponseFormat
+from pipeline.contracts.base import WireModel
+from pipeline.contracts.request import ChatBody, ChatMessage, DeviceState, RequestContext, ResponseFormat
 
 
 class BodyError(ValueError):
@@ -47,16 +49,26 @@ def response_format(value: Any) -> ResponseFormat | None:
     return rf
 
 
+ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant", "tool": "tool"}
+
+
 def chat_body(body: dict[str, Any]) -> ChatBody:
+    """The request's ChatBody; BodyError (or pydantic's ValidationError) says what is wrong."""
     messages = body.get("messages")
     if not isinstance(messages, list) or not messages:
         raise BodyError("`messages` must be a non-empty list")
+    n = body.get("n", 1)
+    if n not in (None, 1):
+        raise BodyError("`n` other than 1 is not supported: send one request per sample")
     images: list[str] = []
     msgs = []
     for m in messages:
         if not isinstance(m, dict) or "role" not in m:
             raise BodyError("every message needs a `role`")
-        msgs.append(ChatMessage(role=m["role"], content=_content(m.get("content", ""), images)))
+        role = ROLES.get(m["role"])
+        if role is None:
+            raise BodyError(f"unsupported message role {m['role']!r}")
+        msgs.append(ChatMessage(role=role, content=_content(m.get("content") or "", images)))
     return ChatBody(
         messages=msgs,
         model=body.get("model"),
@@ -68,3 +80,46 @@ def chat_body(body: dict[str, Any]) -> ChatBody:
         logprobs=bool(body.get("logprobs", False)),
         response_format=response_format(body.get("response_format")),
     )
+
+
+class Extension(WireModel):
+    """The body's optional `llmpipe` object: what OpenAI's schema has no field for."""
+
+    timeout_s: float | None = Field(None, gt=0, description="answer within this many seconds (the deadline)")
+    context: RequestContext | None = None
+    device_id: str | None = Field(None, max_length=128)
+    device: DeviceState | None = None
+
+
+@dataclass
+class ChatRequest:
+    body: ChatBody
+    stream: bool
+    include_usage: bool
+    extension: Extension | None
+
+    @property
+    def timeout_s(self) -> float | None:
+        return self.extension.timeout_s if self.extension else None
+
+
+# OpenAI parameters the pipeline cannot honour: refused when set, never silently dropped
+UNSUPPORTED = ("tools", "tool_choice", "functions", "function_call", "stop", "logit_bias", "top_logprobs",
+               "presence_penalty", "frequency_penalty", "audio", "prediction")
+
+
+def chat_request(body: dict[str, Any]) -> ChatRequest:
+    """A whole chat-completions request body. `user` is accepted and not kept: it may be PII, and
+    the caller's identity comes from its API key."""
+    for name in UNSUPPORTED:
+        if body.get(name) not in (None, [], {}, 0, False):
+            raise BodyError(f"`{name}` is not supported by this gateway")
+    stream = body.get("stream", False)
+    if not isinstance(stream, bool):
+        raise BodyError("`stream` must be a boolean")
+    opts = body.get("stream_options") or {}
+    if not isinstance(opts, dict):
+        raise BodyError("`stream_options` must be an object")
+    ext = body.get("llmpipe")
+    return ChatRequest(body=chat_body(body), stream=stream, include_usage=bool(opts.get("include_usage", False)),
+                       extension=Extension.model_validate(ext) if ext is not None else None)

@@ -53,11 +53,16 @@ def incompatibility(d: Deployment, needs: Needs) -> str | None:
     return None
 
 
-def candidates(deployments: list[Deployment], preferred: list[str], needs: Needs) -> tuple[list[Deployment], dict[str, str]]:
-    """Deployments in preference order that can serve the request, and the refused ones with reasons."""
+def candidates(deployments: list[Deployment], preferred: list[str], needs: Needs,
+               only_preferred: bool = False) -> tuple[list[Deployment], dict[str, str]]:
+    """Deployments in preference order that can serve the request, and the refused ones with reasons.
+    The rest of the configured deployments follow the preferred ones unless `only_preferred` (route
+    and admit named where the request may run: another model, or a limit admit did not count, is no
+    fallback)."""
     by_name = {d.name: d for d in deployments}
     ok, refused = [], {}
-    for name in preferred + [d.name for d in deployments if d.name not in preferred]:
+    rest = [] if only_preferred else [d.name for d in deployments if d.name not in preferred]
+    for name in preferred + rest:
         d = by_name.get(name)
         if d is None:
             refused[name] = "unknown deployment"

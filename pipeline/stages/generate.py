@@ -203,12 +203,12 @@ class GenerateStage(Stage):
         sampling = sampling_for(doc, p)
         needs = needs_for(doc, len(chat_prompt_ids(self.tokenizer, messages)), sampling)
         if doc.admission and doc.admission.deployments:  # admit counted it against these limits
-            preferred = list(doc.admission.deployments)
+            preferred, strict = list(doc.admission.deployments), True
         elif doc.route and doc.route.deployments:
-            preferred = list(doc.route.deployments)
+            preferred, strict = list(doc.route.deployments), True
         else:
-            preferred = list(p.prefer)
-        ok, refused = candidates(self.deployments, preferred, needs)
+            preferred, strict = list(p.prefer), False
+        ok, refused = candidates(self.deployments, preferred, needs, only_preferred=strict)
         for name, why in refused.items():
             self._row(a, "refused", f"incompatible: {why}", name)
         if not ok:

@@ -103,6 +103,7 @@ class PostprocessStage(ThreadedStage):
         usage = Usage(prompt_tokens=gen.tokens_in if gen else 0, completion_tokens=gen.tokens_out if gen else 0)
         resp = Response(
             request_id=doc.request_id, status=Status.ok, text=text, answered_by=self.name,
+            finish_reason=gen.finish_reason if gen and source == "generation" else "stop",
             route=route.decision if route else None, model=(gen.model if gen else (route.model if route else None)),
             deployment=gen.deployment if gen else None,
             token_ids=gen.token_ids if gen and source == "generation" and doc.body.logprobs else None,

@@ -29,6 +29,8 @@ class Route(BaseModel):
     complexity: tuple[float, float] = Field((0.0, 1.0), description="the complexity band this route serves")
 
 
+# The embedded stack has one deployment, so every route runs on it; at scale, point `reasoning` at a
+# large model's deployments (the report shows requested vs executed model).
 def _default_routes() -> dict[str, Route]:
     return {
         "simple": Route(model="small", deployments=["local-vllm"], fallbacks=["reasoning"],
@@ -41,7 +43,7 @@ def _default_routes() -> dict[str, Route]:
                                     "My package has not arrived", "비밀번호를 잊어버렸어요", "환불 받고 싶어요"],
                          keywords=["refund", "order", "password", "account", "delivery", "환불", "주문", "배송", "계정"],
                          complexity=(0.0, 0.7)),
-        "reasoning": Route(model="large", deployments=["cloud-vllm"], fallbacks=["support", "simple"],
+        "reasoning": Route(model="large", deployments=["local-vllm"], fallbacks=["support", "simple"],
                            exemplars=["Explain step by step why the proof works",
                                       "Compare these two architectures and recommend one with trade-offs",
                                       "Write a detailed plan to migrate our database",

@@ -1,0 +1,272 @@
+"""The OpenAI-compatible HTTP front door: `POST /v1/chat/completions` becomes a request event, and
+the answer on this door's own reply partition becomes the HTTP response.
+
+    POST /v1/chat/completions   Authorization: Bearer <tenant API key>, Idempotency-Key: <key>
+    GET  /healthz               200 once the broker client and the tenant registry are live
+    GET  /metrics               Prometheus text (this process's registry)
+
+The door authenticates the key against the tenant registry (config + `control`) before anything
+is published: an unknown or revoked key is a 401 that costs the pipeline nothing. The key still
+travels in the event so mask verifies it again (a key revoked between door and mask is refused)
+and strips it; it is never logged. Pipeline-specific request fields ride in an optional
+`llmpipe` object of the body (`extra_body={"llmpipe": {...}}` in the openai client): timeout_s,
+context, device_id, device.
+
+Streaming: the answer is released only after postprocess (un-masking, JSON-schema validation) has
+seen all of it, so `stream: true` sends the finished answer as word-sized SSE chunks the moment it
+arrives; errors are HTTP statuses before any chunk. See docs/ARCHITECTURE.md, "Front door".
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import socket
+import time
+import uuid
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+import orjson
+import uvicorn
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, Response as HttpResponse, StreamingResponse
+from prometheus_client import REGISTRY, CONTENT_TYPE_LATEST, Counter, Histogram, generate_latest
+from pydantic import ValidationError
+
+from pipeline.contracts import RequestDoc, Response
+from pipeline.ingress.client import Client, ClientTimeout
+from pipeline.ingress.openai_body import BodyError, chat_request
+from pipeline.ingress.openai_reply import (completion, error_body, http_status, retry_after_s, stream_chunks)
+from pipeline.runtime.codec import describe_validation_error
+from pipeline.runtime.follower import ControlFollower
+from pipeline.runtime.topics import TopicNames
+from pipeline.settings import Settings
+from pipeline.stages.tenants import Caller, TenantRegistry
+
+log = logging.getLogger(__name__)
+
+_REQUESTS = Counter("llmpipe_http_requests", "front-door chat completions, by HTTP status", ("status",))
+_LATENCY = Histogram("llmpipe_http_seconds", "front-door chat completion latency (request to answer)",
+                     buckets=(0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120))
+GRACE_S = 2.0  # wait this long past the deadline: the pipeline's own deadline answer is better than ours
+RECHECK_KEYS_EVERY_S = 1.0  # an unknown key re-reads `control` (a key just issued) at most this often
+
+
+class HttpError(Exception):
+    def __init__(self, status: int, code: str, message: str, headers: dict[str, str] | None = None) -> None:
+        super().__init__(message)
+        self.status, self.code, self.message, self.headers = status, code, message, headers or {}
+
+
+class FrontDoor:
+    """The door's lifecycle: start() opens the reply partition and follows `control`; stop() closes
+    both. `app` is the ASGI application (uvicorn serves it; tests may drive it directly)."""
+
+    def __init__(self, settings: Settings, bootstrap: str) -> None:
+        self.settings = settings
+        self.bootstrap = bootstrap
+        self.client = Client(bootstrap, topic_prefix=settings.topic_prefix,
+                             reply_partition=settings.http.reply_partition)
+        self.registry = TenantRegistry(settings.tenants)
+        self.follower: ControlFollower | None = None
+        self._last_recheck = 0.0
+        self._token_text: Callable[[int], str] | None = None
+        self._tokenizer_tried = False
+        self.ready = False
+        self.app = self._build_app()
+
+    async def start(self) -> "FrontDoor":
+        await self.client.start()
+        topic = TopicNames(self.settings.topic_prefix)("control")
+        self.follower = await ControlFollower(self.bootstrap, topic, self.registry.apply).start()
+        self.ready = True
+        return self
+
+    async def stop(self) -> None:
+        self.ready = False
+        if self.follower is not None:
+            await self.follower.stop()
+        await self.client.stop()
+
+    # ---- pieces of one request ------------------------------------------------------------------
+
+    async def _caller(self, authorization: str | None) -> tuple[str | None, Caller | None]:
+        key = None
+        if authorization:
+            scheme, _, value = authorization.partition(" ")
+            if scheme.lower() != "bearer" or not value.strip():
+                raise HttpError(401, "unauthenticated", "use `Authorization: Bearer <API key>`")
+            key = value.strip()
+        if key is None:
+            if self.settings.auth.required:
+                raise HttpError(401, "unauthenticated", "an API key is required")
+            return None, None
+        caller = self.registry.authenticate(key)
+        if caller is None and self.follower is not None and self.registry.why_refused(key) == "unknown_key" \
+                and time.monotonic() - self._last_recheck > RECHECK_KEYS_EVERY_S:
+            self._last_recheck = time.monotonic()  # a key issued a moment ago may still be on its way
+            await self.follower.catch_up(10)
+            caller = self.registry.authenticate(key)
+        if caller is None:  # the caller is not told whether the key is unknown or revoked
+            raise HttpError(401, "unauthenticated", "unknown or revoked API key")
+        return key, caller
+
+    async def _body(self, request: Request) -> dict[str, Any]:
+        limit = self.settings.http.max_body_bytes
+        declared = request.headers.get("content-length")
+        if declared and declared.isdigit() and int(declared) > limit:
+            raise HttpError(413, "body_too_large", f"the body is larger than {limit} bytes")
+        raw = bytearray()
+        async for part in request.stream():
+            raw += part
+            if len(raw) > limit:
+                raise HttpError(413, "body_too_large", f"the body is larger than {limit} bytes")
+        try:
+            body = orjson.loads(raw)
+        except orjson.JSONDecodeError:
+            raise HttpError(422, "invalid_request", "the body is not JSON") from None
+        if not isinstance(body, dict):
+            raise HttpError(422, "invalid_request", "the body must be a JSON object")
+        return body
+
+    async def token_text(self) -> Callable[[int], str]:
+        """Spell a token id: the served model's tokenizer, or `<id>` when it cannot be loaded here."""
+        if self._token_text is None and not self._tokenizer_tried:
+            self._tokenizer_tried = True
+            if self.settings.http.tokenizer:
+                try:
+                    from pipeline.engines.tokenizer import load_chat_tokenizer
+
+                    tok = await asyncio.to_thread(load_chat_tokenizer, self.settings)
+                    self._token_text = lambda tid: tok.decode([tid])
+                except Exception as exc:  # noqa: BLE001 - logprobs still work, spelled as ids
+                    log.warning("front door: no tokenizer for logprob tokens (%s); showing ids", type(exc).__name__)
+        return self._token_text or (lambda tid: f"<{tid}>")
+
+    async def chat_completions(self, request: Request) -> HttpResponse:
+        t0 = time.perf_counter()
+        request_id = uuid.uuid4().hex
+        try:
+            resp, parsed = await self._answer(request, request_id)
+        except HttpError as exc:
+            _REQUESTS.labels(str(exc.status)).inc()
+            return JSONResponse(error_body(exc.status, exc.message, exc.code, request_id), exc.status,
+                                headers={"x-request-id": request_id, **exc.headers})
+        finally:
+            _LATENCY.observe(time.perf_counter() - t0)
+        status = http_status(resp)
+        _REQUESTS.labels(str(status)).inc()
+        headers = {"x-request-id": resp.request_id}
+        if status != 200:
+            if status == 429:
+                headers["retry-after"] = str(retry_after_s(resp))
+            message = resp.reason or resp.error_class or resp.status.value
+            return JSONResponse(error_body(status, message, resp.error_class or resp.status.value, resp.request_id),
+                                status, headers=headers)
+        token_text = await self.token_text() if parsed.body.logprobs else None
+        model = parsed.body.model
+        if parsed.stream:
+            return StreamingResponse(_sse(stream_chunks(resp, model, parsed.include_usage, token_text)),
+                                     media_type="text/event-stream", headers={**headers, "cache-control": "no-cache"})
+        return HttpResponse(orjson.dumps(completion(resp, model, token_text)), media_type="application/json",
+                            headers=headers)
+
+    async def _answer(self, request: Request, request_id: str):
+        if not self.ready:
+            raise HttpError(503, "not_ready", "the front door is starting or stopping")
+        key, caller = await self._caller(request.headers.get("authorization"))
+        body = await self._body(request)
+        try:
+            parsed = chat_request(body)
+        except BodyError as exc:
+            raise HttpError(422, "invalid_request", str(exc)) from None
+        except ValidationError as exc:
+            raise HttpError(422, "invalid_request", describe_validation_error(exc)) from None
+        http = self.settings.http
+        timeout_s = min(parsed.timeout_s or http.request_timeout_s, http.max_timeout_s)
+        ext = parsed.extension
+        try:
+            doc: RequestDoc = self.client.build(
+                body=parsed.body, request_id=request_id, timeout_s=timeout_s, api_key=key,
+                tenant_id=caller.tenant if caller else None,
+                idempotency_key=request.headers.get("idempotency-key") or None,
+                traceparent=request.headers.get("traceparent") or None,
+                **({"context": ext.context} if ext and ext.context else {}),
+                device_id=ext.device_id if ext else None, device=ext.device if ext else None)
+        except ValidationError as exc:
+            raise HttpError(422, "invalid_request", describe_validation_error(exc)) from None
+        fut = await self.client.submit(doc)
+        wait_s = max(0.0, (doc.deadline_ms or 0) / 1000 - time.time()) + GRACE_S
+        try:
+            resp: Response = await self.client.wait(doc.request_id, fut, wait_s)
+        except ClientTimeout:
+            raise HttpError(504, "no_answer_in_time", f"no answer within {timeout_s:.0f}s") from None
+        return resp, parsed
+
+    def _build_app(self) -> FastAPI:
+        app = FastAPI(title="llmpipe", docs_url=None, redoc_url=None, openapi_url=None)
+        app.add_api_route("/v1/chat/completions", self.chat_completions, methods=["POST"])
+
+        async def healthz() -> JSONResponse:
+            ok = self.ready
+            return JSONResponse({"status": "ok" if ok else "starting"}, 200 if ok else 503)
+
+        async def metrics() -> HttpResponse:
+            return HttpResponse(generate_latest(REGISTRY), media_type=CONTENT_TYPE_LATEST)
+
+        app.add_api_route("/healthz", healthz, methods=["GET"])
+        app.add_api_route("/metrics", metrics, methods=["GET"])
+        return app
+
+
+async def _sse(chunks) -> AsyncIterator[bytes]:
+    for c in chunks:
+        yield b"data: " + orjson.dumps(c) + b"\n\n"
+    yield b"data: [DONE]\n\n"
+
+
+class _Server(uvicorn.Server):
+    """uvicorn inside a process that owns its signals (the stack supervisor, `llmpipe serve`)."""
+
+    @contextlib.contextmanager
+    def capture_signals(self):
+        yield
+
+
+class HttpServer:
+    """Serve a FrontDoor on host:port (0 = a free port); `url` is known once start() returns."""
+
+    def __init__(self, door: FrontDoor, host: str, port: int) -> None:
+        self.door = door
+        self.sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        self.sock.bind((host, port))
+        self.host = host
+        self.port = self.sock.getsockname()[1]
+        self.server = _Server(uvicorn.Config(door.app, log_level="warning", lifespan="off", access_log=False))
+        self._task: asyncio.Task | None = None
+
+    @property
+    def url(self) -> str:
+        host = "127.0.0.1" if self.host in ("0.0.0.0", "") else self.host
+        return f"http://{host}:{self.port}"
+
+    async def start(self) -> "HttpServer":
+        await self.door.start()
+        self._task = asyncio.create_task(self.server.serve(sockets=[self.sock]))
+        while not self.server.started:
+            if self._task.done():
+                await self._task  # raises what stopped it
+                raise RuntimeError("the HTTP server stopped at start")
+            await asyncio.sleep(0.02)
+        log.info("front door on %s", self.url)
+        return self
+
+    async def stop(self) -> None:
+        self.server.should_exit = True
+        if self._task is not None:
+            await asyncio.gather(self._task, return_exceptions=True)
+        await self.door.stop()
+        self.sock.close()

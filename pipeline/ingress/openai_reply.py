@@ -1,0 +1,132 @@
+"""Terminal answers in OpenAI's wire format: the chat.completion body, its stream chunks, and the
+HTTP status and error body for every error class the pipeline answers with."""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Callable, Iterator
+from typing import Any
+
+from pipeline.contracts import Response, Status
+
+# error_class -> HTTP status. The vocabulary is the stages' (mask, admit, media, generate,
+# postprocess, the runtime's DLQ answer); a class not listed falls back by status (see http_status).
+STATUS_BY_CLASS: dict[str, int] = {
+    "unauthenticated": 401,
+    "forbidden": 403, "adapter_forbidden": 403, "blob_forbidden": 403,
+    "in_progress": 409,
+    "too_large": 413, "body_too_large": 413, "too_many_pixels": 413, "too_many_images": 413,
+    "context_too_long": 413,
+    "invalid_request": 422, "fetch_refused": 422, "unsupported_format": 422, "decode_error": 422,
+    "blob_not_found": 422,
+    "rate_limited": 429, "concurrency_limited": 429, "budget_exhausted": 429,
+    "processing_failed": 500, "unmask_failed": 500, "no_answer": 500,
+    "overloaded": 503, "engine_dead": 503, "no_compatible_deployment": 503, "original_lost": 503,
+    "deadline_exceeded": 504, "no_answer_in_time": 504,
+}
+FALLBACK_BY_STATUS = {Status.rejected: 400, Status.error: 502, Status.deadline_exceeded: 504}
+
+ERROR_TYPE = {401: "authentication_error", 403: "permission_error", 409: "conflict_error",
+              413: "invalid_request_error", 422: "invalid_request_error", 400: "invalid_request_error",
+              429: "rate_limit_error", 504: "timeout_error"}
+
+
+def http_status(resp: Response) -> int:
+    if resp.status is Status.ok:
+        return 200
+    if resp.status is Status.deadline_exceeded:
+        return 504
+    return STATUS_BY_CLASS.get(resp.error_class or "", FALLBACK_BY_STATUS[resp.status])
+
+
+def error_body(status: int, message: str, code: str | None, request_id: str | None = None) -> dict[str, Any]:
+    """OpenAI's error shape; `code` is the pipeline's error_class."""
+    err: dict[str, Any] = {"message": message, "type": ERROR_TYPE.get(status, "api_error" if status >= 500
+                                                                          else "invalid_request_error"),
+                           "param": None, "code": code}
+    if request_id:
+        err["request_id"] = request_id
+    return {"error": err}
+
+
+def retry_after_s(resp: Response) -> int | None:
+    """Retry-After in whole seconds (rounded up) for a 429, from admit's retry_after_ms."""
+    if resp.retry_after_ms is None:
+        return 1 if http_status(resp) == 429 else None
+    return max(1, math.ceil(resp.retry_after_ms / 1000))
+
+
+def llmpipe_extension(resp: Response) -> dict[str, Any]:
+    """What the pipeline decided for this request: extra fields OpenAI clients ignore and operators read."""
+    return {"request_id": resp.request_id, "route": resp.route, "deployment": resp.deployment,
+            "adapter": resp.adapter, "placement": resp.placement, "cache": resp.cache, "cost_usd": resp.cost_usd,
+            "duplicate_of": resp.duplicate_of, "answered_by": resp.answered_by,
+            "timings": {k: v.model_dump() for k, v in resp.timings.items()}}
+
+
+TokenText = Callable[[int], str]
+
+
+def logprobs_content(resp: Response, token_text: TokenText) -> list[dict[str, Any]] | None:
+    if resp.token_ids is None or resp.logprobs is None:
+        return None
+    out = []
+    for tid, lp in zip(resp.token_ids, resp.logprobs):
+        tok = token_text(tid)
+        out.append({"token": tok, "logprob": lp, "bytes": list(tok.encode()), "top_logprobs": []})
+    return out
+
+
+def _usage(resp: Response) -> dict[str, int]:
+    u = resp.usage
+    return {"prompt_tokens": u.prompt_tokens, "completion_tokens": u.completion_tokens,
+            "total_tokens": u.prompt_tokens + u.completion_tokens}
+
+
+def completion_id(resp: Response) -> str:
+    return f"chatcmpl-{resp.request_id}"
+
+
+def completion(resp: Response, requested_model: str | None, token_text: TokenText | None = None) -> dict[str, Any]:
+    """A `chat.completion` for an ok answer."""
+    lp = logprobs_content(resp, token_text) if token_text is not None else None
+    return {
+        "id": completion_id(resp), "object": "chat.completion", "created": resp.finished_ms // 1000,
+        "model": resp.model or requested_model or "llmpipe",
+        "choices": [{"index": 0, "message": {"role": "assistant", "content": resp.text or ""},
+                     "logprobs": {"content": lp} if lp is not None else None,
+                     "finish_reason": resp.finish_reason or "stop"}],
+        "usage": _usage(resp), "system_fingerprint": resp.deployment, "llmpipe": llmpipe_extension(resp),
+    }
+
+
+_PIECES = re.compile(r"\s*\S+\s*|\s+")
+
+
+def text_pieces(text: str) -> list[str]:
+    """The answer cut into word-sized deltas that concatenate back to it exactly."""
+    return _PIECES.findall(text) or [""]
+
+
+def stream_chunks(resp: Response, requested_model: str | None, include_usage: bool,
+                  token_text: TokenText | None = None) -> Iterator[dict[str, Any]]:
+    """`chat.completion.chunk`s of an ok answer: the role, the text in pieces, the finish reason and,
+    when asked, a last chunk with the usage (OpenAI's stream_options.include_usage)."""
+    base = {"id": completion_id(resp), "object": "chat.completion.chunk", "created": resp.finished_ms // 1000,
+            "model": resp.model or requested_model or "llmpipe", "system_fingerprint": resp.deployment}
+
+    def chunk(delta: dict[str, Any], finish: str | None = None, **extra: Any) -> dict[str, Any]:
+        return {**base, "choices": [{"index": 0, "delta": delta, "logprobs": extra.pop("logprobs", None),
+                                     "finish_reason": finish}], **extra}
+
+    yield chunk({"role": "assistant", "content": ""})
+    for piece in text_pieces(resp.text or ""):
+        yield chunk({"content": piece})
+    # the deltas are the answer's text (un-masked: it may differ from the model's tokens), so the
+    # per-token logprobs travel whole on the finishing chunk
+    lp = logprobs_content(resp, token_text) if token_text is not None else None
+    yield chunk({}, resp.finish_reason or "stop", logprobs={"content": lp} if lp is not None else None,
+                llmpipe=llmpipe_extension(resp))
+    if include_usage:
+        yield {**base, "choices": [], "usage": _usage(resp)}

@@ -1,0 +1,196 @@
+"""The OpenAI-compatible front door on the running stack (`llmpipe up --processes`, real vLLM), called
+with the official `openai` client: completions, streamed chunks, logprobs, JSON-schema output,
+images, idempotency keys, and every error status a caller can meet."""
+
+from __future__ import annotations
+
+import base64
+import io
+import json
+import socket
+
+import httpx
+import openai
+import pytest
+import yaml
+from PIL import Image
+
+from pipeline.stages.tenants import key_hash, new_api_key
+from tests.test_cli_stack import last_json, llmpipe
+
+pytestmark = pytest.mark.integration
+
+BROKEN = "zzqbroken zzqbroken"  # the prompt the `broken` route's exemplar matches exactly
+
+
+def closed_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def door(tmp_path_factory):
+    data_dir = tmp_path_factory.mktemp("frontdoor")
+    keys = {t: new_api_key() for t in ("acme", "tight", "other")}
+    limits = {"tight": {"rpm": 1}}
+    config = {
+        "auth": {"required": True},
+        "tenants": [{"name": t, "limits": limits.get(t, {}), "api_keys": [{"key_sha256": key_hash(k)}]}
+                    for t, k in keys.items()],
+        "deployments": [{"name": "local-vllm", "engine": "vllm", "json_schema": True},
+                        {"name": "dead", "engine": "openai", "base_url": f"http://127.0.0.1:{closed_port()}/v1"}],
+        "stages": [
+            {"name": "mask"}, {"name": "cache"},
+            {"name": "route", "policy": {"default_route": "simple", "routes": {
+                "simple": {"model": "small", "deployments": ["local-vllm"], "exemplars": ["Say hello"]},
+                "broken": {"model": "small", "deployments": ["dead"], "exemplars": [BROKEN], "keywords": ["zzqbroken"]},
+            }}},
+            {"name": "admit"}, {"name": "media"}, {"name": "vision"},
+            {"name": "generate", "policy": {"prefer": ["local-vllm"],
+                                            "retry": {"max_attempts": 2, "backoff_base_ms": 20,
+                                                      "attempt_timeout_ms": 5000, "fallback_reserve_ms": 100}}},
+            {"name": "postprocess"},
+        ],
+    }
+    cfg = data_dir / "llmpipe.yaml"
+    cfg.write_text(yaml.safe_dump(config))
+    up = llmpipe("up", "--detach", "--processes", "--config", str(cfg), "--json", data_dir=data_dir, timeout=600)
+    assert up.returncode == 0, up.stderr
+    info = last_json(up)
+    try:
+        yield info, keys, data_dir
+    finally:
+        assert llmpipe("down", data_dir=data_dir, timeout=180).returncode == 0
+
+
+def client(info, key: str | None, **kw) -> openai.OpenAI:
+    return openai.OpenAI(base_url=info["http_url"] + "/v1", api_key=key or "none", max_retries=0, timeout=300, **kw)
+
+
+def status_of(exc_info) -> tuple[int, dict]:
+    err = exc_info.value
+    return err.status_code, err.body
+
+
+def png_data_url() -> str:
+    buf = io.BytesIO()
+    Image.new("RGB", (64, 48), (200, 30, 30)).save(buf, "PNG")
+    return "data:image/png;base64," + base64.b64encode(buf.getvalue()).decode()
+
+
+def test_completion_stream_logprobs_schema_and_idempotency(door):
+    info, keys, _ = door
+    assert info["http_url"].startswith("http://127.0.0.1:")
+    c = client(info, keys["acme"])
+    msgs = [{"role": "user", "content": "What is the capital of France? Answer in one word."}]
+    r = c.chat.completions.create(model="small", messages=msgs, max_tokens=12, temperature=0, seed=7)
+    text = r.choices[0].message.content
+    assert r.object == "chat.completion" and "Paris" in text, r
+    assert r.choices[0].finish_reason in ("stop", "length")
+    assert r.usage.prompt_tokens > 0 and r.usage.completion_tokens > 0
+    assert r.usage.total_tokens == r.usage.prompt_tokens + r.usage.completion_tokens
+    assert r.model == "smollm2-135m-instruct"  # the model that ran, not the one asked for
+    ext = r.model_extra["llmpipe"]
+    assert ext["route"] == "simple" and ext["deployment"] == "local-vllm" and ext["cache"] == "miss"
+
+    # streaming: role first, then deltas that concatenate to the answer, then the finish, then usage
+    chunks = list(c.chat.completions.create(model="small", messages=msgs, max_tokens=12, temperature=0, seed=7,
+                                            stream=True, stream_options={"include_usage": True}))
+    assert len(chunks) >= 4 and all(ch.object == "chat.completion.chunk" for ch in chunks)
+    assert chunks[0].choices[0].delta.role == "assistant"
+    streamed = "".join(ch.choices[0].delta.content or "" for ch in chunks if ch.choices)
+    assert streamed == text  # the same answer (generated again, or served by the cache)
+    finishes = [ch.choices[0].finish_reason for ch in chunks if ch.choices and ch.choices[0].finish_reason]
+    assert len(finishes) == 1 and chunks[-1].choices == [] and chunks[-1].usage is not None
+    assert len({ch.id for ch in chunks}) == 1
+
+    # logprobs: one per generated token, spelled by the model's tokenizer
+    lp = c.chat.completions.create(model="small", messages=[{"role": "user", "content": "Say a number."}],
+                                   max_tokens=5, logprobs=True, seed=3, temperature=0.7)
+    entries = lp.choices[0].logprobs.content
+    assert len(entries) == lp.usage.completion_tokens and all(e.logprob <= 0 for e in entries)
+    assert "".join(e.token for e in entries).strip() == lp.choices[0].message.content.strip()
+
+    # JSON-schema output
+    schema = {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"],
+              "additionalProperties": False}
+    js = c.chat.completions.create(model="small", messages=[{"role": "user", "content": "Capital of Italy as JSON."}],
+                                   max_tokens=30, response_format={"type": "json_schema",
+                                                                   "json_schema": {"name": "c", "schema": schema}})
+    assert set(json.loads(js.choices[0].message.content)) == {"city"}
+
+    # an image part: media decodes it, vision describes it, the text model answers
+    img = c.chat.completions.create(model="small", max_tokens=8, messages=[{"role": "user", "content": [
+        {"type": "text", "text": "What colour is this picture?"},
+        {"type": "image_url", "image_url": {"url": png_data_url()}}]}])
+    assert img.choices[0].message.content and set(img.model_extra["llmpipe"]["timings"]) >= {"media", "vision"}
+
+    # the same Idempotency-Key twice: one execution, the second is the first's answer
+    once = [c.chat.completions.create(model="small", messages=[{"role": "user", "content": "Tell me a colour."}],
+                                      max_tokens=6, temperature=1.0, extra_headers={"Idempotency-Key": "order-42"})
+            for _ in range(2)]
+    assert once[0].choices[0].message.content == once[1].choices[0].message.content
+    assert once[1].model_extra["llmpipe"]["duplicate_of"] == once[0].model_extra["llmpipe"]["request_id"]
+
+    health = httpx.get(info["http_url"] + "/healthz")
+    assert health.status_code == 200
+    metrics = httpx.get(info["http_url"] + "/metrics").text
+    assert 'llmpipe_http_requests_total{status="200"}' in metrics
+    assert keys["acme"] not in metrics
+
+
+def test_error_statuses(door):
+    info, keys, data_dir = door
+    hello = [{"role": "user", "content": "Say hello"}]
+
+    with pytest.raises(openai.AuthenticationError) as e:  # 401: unknown key, no key
+        client(info, "lp-not-a-key").chat.completions.create(model="m", messages=hello)
+    assert status_of(e)[0] == 401 and e.value.body["code"] == "unauthenticated"
+    no_key = httpx.post(info["http_url"] + "/v1/chat/completions", json={"messages": hello}, timeout=60)
+    assert no_key.status_code == 401 and no_key.json()["error"]["code"] == "unauthenticated"
+
+    acme = client(info, keys["acme"])
+    with pytest.raises(openai.UnprocessableEntityError) as e:  # 422: invalid body
+        acme.chat.completions.create(model="m", messages=hello, temperature=-1)
+    assert e.value.body["code"] == "invalid_request" and "temperature" in e.value.body["message"]
+    with pytest.raises(openai.UnprocessableEntityError) as e:  # 422: a parameter we cannot honour
+        acme.chat.completions.create(model="m", messages=hello, stop=["\n"])
+    assert "`stop` is not supported" in e.value.body["message"]
+
+    with pytest.raises(openai.APIStatusError) as e:  # 413: a prompt over the tenant's size limit (mask)
+        acme.chat.completions.create(model="m", messages=[{"role": "user", "content": "x" * 40_000}])
+    assert e.value.status_code == 413 and e.value.body["code"] == "too_large"
+    big = httpx.post(info["http_url"] + "/v1/chat/completions", headers={"Authorization": f"Bearer {keys['acme']}"},
+                     content=b"{" + b" " * (9 << 20) + b"}", timeout=60)
+    assert big.status_code == 413 and big.json()["error"]["code"] == "body_too_large"
+
+    # 403: another tenant's blob
+    pic = data_dir / "pic.png"
+    pic.write_bytes(base64.b64decode(png_data_url().split(",", 1)[1]))
+    put = llmpipe("blobs", "put", str(pic), "--tenant", "acme", "--json", data_dir=data_dir)
+    assert put.returncode == 0, put.stderr
+    ref = last_json(put)["ref"]
+    with pytest.raises(openai.PermissionDeniedError) as e:
+        client(info, keys["other"]).chat.completions.create(model="m", messages=[{"role": "user", "content": [
+            {"type": "text", "text": "Describe"}, {"type": "image_url", "image_url": {"url": ref}}]}])
+    assert e.value.body["code"] == "blob_forbidden"
+
+    tight = client(info, keys["tight"])  # 429 with Retry-After: rpm 1
+    tight.chat.completions.create(model="m", messages=hello, max_tokens=4)
+    with pytest.raises(openai.RateLimitError) as e:
+        tight.chat.completions.create(model="m", messages=hello, max_tokens=4)
+    assert e.value.body["code"] == "rate_limited"
+    assert 1 <= int(e.value.response.headers["retry-after"]) <= 61
+
+    with pytest.raises(openai.APIStatusError) as e:  # 504: a deadline nobody can meet
+        acme.chat.completions.create(model="m", messages=hello, extra_body={"llmpipe": {"timeout_s": 0.001}})
+    assert e.value.status_code == 504 and e.value.body["code"] == "deadline_exceeded"
+
+    with pytest.raises(openai.APIStatusError) as e:  # 502: the only deployment refuses connections
+        acme.chat.completions.create(model="m", messages=[{"role": "user", "content": BROKEN}], max_tokens=4)
+    assert e.value.status_code == 502 and e.value.body["code"] == "connection_refused", e.value.body
+    with pytest.raises(openai.APIStatusError) as e:  # 503: no deployment of the route can do JSON schema
+        acme.chat.completions.create(model="m", messages=[{"role": "user", "content": BROKEN}], max_tokens=4,
+                                     response_format={"type": "json_object"})
+    assert e.value.status_code == 503 and e.value.body["code"] == "no_compatible_deployment", e.value.body

@@ -313,7 +313,11 @@ def worker(stage: Annotated[str, typer.Argument(help="stage name from the topolo
 
 @app.command()
 @command
-def sql(query: Annotated[str, typer.Argument(help="one read-only statement")],
+def sql(query: Annotated[Optional[str], typer.Argument(help="one read-only statement")] = None,
+        file: Annotated[Optional[Path], typer.Option("--file", exists=True, dir_okay=False,
+                                                     help="read the statement from a file (e.g. a shipped query)")] = None,
+        param: Annotated[Optional[list[str]], typer.Option("--param", help="NAME=VALUE for {NAME:Type} in the "
+                                                                           "query; repeatable")] = None,
         data_dir: DataDir = Path(".llmpipe"), config: ConfigFile = None, bootstrap: Bootstrap = None,
         format: Annotated[str, typer.Option("--format", help="table | json | csv")] = "table") -> None:
     """Query the warehouse (through the running stack in embedded mode)."""
@@ -321,9 +325,22 @@ def sql(query: Annotated[str, typer.Argument(help="one read-only statement")],
 
     if format not in ("table", "json", "csv"):
         raise CliError("--format must be table, json or csv")
+    if (query is None) == (file is None):
+        raise CliError("give a query or --file, not both")
+    if file is not None:
+        from pipeline.report import sql_from_file
+
+        query = sql_from_file(file)
+    params = {}
+    for p in param or []:
+        name, eq, value = p.partition("=")
+        if not eq or not name.isidentifier():
+            raise CliError(f"--param: expected NAME=VALUE, got {p!r}")
+        params[name] = value
     s = _settings(data_dir, config, bootstrap)
-    check_read_only(query)
-    res = _query_fn(s)(query, {})
+    assert query is not None
+    check_read_only(query.strip())
+    res = _query_fn(s)(query, params)
     rows = [jsonable(list(r)) for r in res.rows]
     if format == "json":
         _print_json([dict(zip(res.columns, r)) for r in rows])
@@ -340,43 +357,51 @@ def sql(query: Annotated[str, typer.Argument(help="one read-only statement")],
         out.print(t)
 
 
-REPORT_QUERIES = {
-    "requests_by_status": "SELECT status, count() AS requests FROM requests FINAL WHERE replay_id = '' "
-                          "GROUP BY status ORDER BY requests DESC",
-    "decisions": "SELECT stage, decision, count() AS n FROM decisions FINAL WHERE replay_id = '' "
-                 "GROUP BY stage, decision ORDER BY stage, n DESC",
-    "stage_latency_ms": "SELECT stage, round(quantile(0.5)(queue_ms), 1) AS queue_p50, "
-                        "round(quantile(0.99)(queue_ms), 1) AS queue_p99, "
-                        "round(quantile(0.5)(service_ms), 1) AS service_p50 FROM decisions FINAL "
-                        "WHERE replay_id = '' GROUP BY stage ORDER BY stage",
-    "e2e_ms": "SELECT round(quantile(0.5)(e2e_ms), 1) AS p50, round(quantile(0.95)(e2e_ms), 1) AS p95, "
-              "round(quantile(0.99)(e2e_ms), 1) AS p99 FROM requests FINAL WHERE replay_id = ''",
-    "dead_letters": "SELECT stage, error_class, count() AS n FROM dead_letters FINAL GROUP BY stage, error_class "
-                    "ORDER BY n DESC",
-}
-
-
 @app.command()
 @command
 def report(data_dir: DataDir = Path(".llmpipe"), config: ConfigFile = None, bootstrap: Bootstrap = None,
+           since: Annotated[str, typer.Option("--since", help="a duration back from now (30m, 2h, 7d) or an ISO "
+                                                           "time (UTC unless it says otherwise)")] = "24h",
+           html: Annotated[Optional[Path], typer.Option("--html", dir_okay=False,
+                                                        help="also write one self-contained HTML file")] = None,
            json: Json = False) -> None:
-    """Summarise the warehouse: requests by status, decisions, per-stage latency, dead letters."""
-    from pipeline.stores.sql_gateway import jsonable
+    """The analyst report: stage latency and capacity with the bottleneck named, TTFT/TPOT/E2E, cache by
+    domain, routes and cost, rejections, retries, models. Each section is a query in
+    schemas/clickhouse/queries/ (rerun one with `llmpipe sql --file ... --param since=...`)."""
+    from pipeline.report import SECTIONS, bottleneck_sentence, build_report
+    from pipeline.report_html import render_html
 
     s = _settings(data_dir, config, bootstrap)
-    query = _query_fn(s)
-    doc = {}
-    for title, q in REPORT_QUERIES.items():
-        res = query(q, {})
-        rows = [jsonable(list(r)) for r in res.rows]
-        doc[title] = [dict(zip(res.columns, r)) for r in rows]
-        if not json:
-            t = Table(*res.columns, title=title.replace("_", " "))
-            for r in rows:
-                t.add_row(*(str(v) for v in r))
-            out.print(t)
+    doc = build_report(_query_fn(s), parse_since(since))
+    if html is not None:
+        html.write_text(render_html(doc), encoding="utf-8")
     if json:
         _print_json(doc)
+        return
+    out.print(f"[bold]llmpipe report[/bold] since {doc['since']} UTC")
+    for sec in SECTIONS:
+        rows = doc["sections"][sec.name]
+        t = Table(*(rows[0] if rows else ["(no rows)"]), title=sec.title, caption=sec.meaning, title_justify="left")
+        for r in rows:
+            t.add_row(*("" if v is None else str(v) for v in r.values()))
+        out.print(t)
+    out.print(f"[bold]{bottleneck_sentence(doc['bottleneck'])}[/bold]")
+    if html is not None:
+        out.print(f"HTML report: {html}")
+
+
+def parse_since(text: str) -> "datetime":
+    from datetime import datetime, timedelta, timezone
+
+    try:
+        return datetime.now(timezone.utc) - timedelta(milliseconds=parse_duration_ms(text))
+    except CliError:
+        pass
+    try:
+        t = datetime.fromisoformat(text)
+    except ValueError:
+        raise CliError(f"--since: expected a duration (30m, 2h, 7d) or an ISO time, got {text!r}") from None
+    return t if t.tzinfo else t.replace(tzinfo=timezone.utc)
 
 
 # ---- callers -----------------------------------------------------------------------------------

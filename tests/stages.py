@@ -49,10 +49,13 @@ class Relay(Stage):
 
 
 class Sleep(Stage):
-    """Sleeps policy.sleep_ms per record, then answers: a slow stage for backpressure tests."""
+    """Sleeps policy.sleep_ms per record, then answers (or forwards, with policy.forward): a slow stage
+    for backpressure and bottleneck tests."""
 
     async def process(self, doc: RequestDoc) -> Outcome:
         await asyncio.sleep(float(self.ctx.policy.get("sleep_ms", 50)) / 1000)
+        if self.ctx.policy.get("forward"):
+            return Outcome.forward(doc, self.evidence(doc, "slept"))
         resp = Response(request_id=doc.request_id, status=Status.ok, text="slept", answered_by=self.name)
         return Outcome.answer(doc, resp, self.evidence(doc, "slept"))
 

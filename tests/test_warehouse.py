@@ -41,7 +41,7 @@ def run(directory, mode: str) -> subprocess.CompletedProcess:
 def test_migrations_apply_twice_and_rows_dedupe(tmp_path):
     first = run(tmp_path / "wh", "fresh")
     assert first.returncode == 0, first.stderr
-    assert first.stdout.strip() == "ok 7"
+    assert first.stdout.strip() == "ok 9"
     again = run(tmp_path / "wh", "again")  # a restart re-applies nothing and re-inserts dedupe
     assert again.returncode == 0, again.stderr
     assert again.stdout.strip() == "ok 0"

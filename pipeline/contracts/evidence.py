@@ -22,6 +22,8 @@ class Evidence(WireModel):
     revisions: dict[str, str] = Field(default_factory=dict, description="component -> revision")
     scores: dict[str, float] = Field(default_factory=dict)
     candidates: list[str] = Field(default_factory=list)
+    labels: dict[str, str] = Field(default_factory=dict, description="categorical facts to group by "
+                                                                     "(cache: domain, mode); never PII")
     attempt: int = 0
     step: int = Field(0, ge=0, description="numbers several decisions of one stage for one request attempt "
                                            "(generate: 1, 2, ... per engine attempt; 0 = the final decision)")

@@ -93,7 +93,8 @@ class CacheSection(WireModel):
     candidate_id: str | None = None
     similarity: float | None = None
     gate: dict[str, bool] = Field(default_factory=dict)
-    answer: str | None = Field(None, description="the cached answer, on a hit only")
+    answer: str | None = Field(None, description="the cached answer: served on a hit; on a shadow hit never "
+                                                 "served, only compared with the generated answer by postprocess")
     policy_version: str
     embedding_revision: str | None = None
 

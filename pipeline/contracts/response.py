@@ -50,10 +50,12 @@ class Response(WireModel):
     answered_by: str = Field(description="stage that produced this answer")
     route: str | None = None
     model: str | None = None
+    requested_model: str | None = Field(None, description="the model the caller asked for (`model` ran)")
     deployment: str | None = Field(None, description="the deployment that generated the answer")
     adapter: str | None = None
     placement: str | None = None
     cache: str | None = Field(None, description="hit | miss | bypass")
+    domain: str | None = Field(None, description="the cache domain the request was looked up in")
     usage: Usage = Usage()
     token_ids: list[int] | None = Field(None, description="generated token ids, when logprobs were asked for")
     logprobs: list[float] | None = Field(None, description="one logprob per generated token, when asked for")

@@ -56,7 +56,8 @@ class CacheStage(Stage):
         ev = self.evidence(doc, sec.decision, sec.reason, candidates=lookup.candidates,
                            scores={k: v for k, v in {"similarity": sec.similarity, "threshold": sec.threshold}.items()
                                    if v is not None} | {f"gate.{k}": float(v) for k, v in sec.gate.items()},
-                           revisions={"embedding": sec.embedding_revision or ""})
+                           revisions={"embedding": sec.embedding_revision or ""},
+                           labels={"domain": sec.domain, "mode": sec.mode})
         if sec.decision == "hit":
             if "postprocess" in self.topology_names:
                 return Outcome.forward(doc, ev, to="postprocess")

@@ -46,6 +46,9 @@ class PostprocessPolicy(BaseModel):
     tenant_unmask: dict[str, bool] = Field(default_factory=dict)
     cache: CachePolicy = Field(default_factory=CachePolicy, description="must match the cache stage's policy")
     write_back: bool = True
+    shadow_agree_min: float = Field(0.8, ge=0, le=1, description="a shadow hit whose cached answer is less "
+                                                                 "similar than this to the generated one counts "
+                                                                 "as a would-be false hit")
 
     def unmask_for(self, tenant: str | None) -> bool:
         return self.tenant_unmask.get(tenant or "", self.unmask)
@@ -111,8 +114,15 @@ class PostprocessStage(ThreadedStage):
             adapter=route.adapter if route else None, placement=route.placement if route else None,
             cache=cache.decision if cache else None, usage=usage,
             ttft_ms=gen.ttft_ms if gen else None, tpot_ms=gen.tpot_ms if gen else None)
-        ev = self.evidence(doc, "answered", f"from_{source}",
-                           scores={"unmasked": float(unmasked), "written_back": float(bool(side))})
+        scores = {"unmasked": float(unmasked), "written_back": float(bool(side))}
+        if cache is not None and cache.decision == "shadow_hit" and cache.answer is not None and gen is not None \
+                and self.embedder is not None:  # would serving the cached answer have been right?
+            a, b = self.embedder.embed([gen.text, cache.answer])
+            agreement = float(a @ b)
+            scores |= {"shadow_agreement": round(agreement, 4),
+                       "shadow_false_hit": float(agreement < self.policy.shadow_agree_min)}
+        ev = self.evidence(doc, "answered", f"from_{source}", scores=scores,
+                           labels={"domain": cache.domain, "cache": cache.decision} if cache else {})
         out = Outcome.answer(doc, resp, ev)
         out.side = side
         return out

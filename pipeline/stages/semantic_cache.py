@@ -168,7 +168,7 @@ class SemanticCache:
                 decision = "hit" if mode == "on" else "shadow_hit"
                 section = self._section(decision, "similar_and_verified", mode, boundary.domain, threshold,
                                         cand.id, cand.score, verdict.checks,
-                                        answer=cand.payload.get("answer") if mode == "on" else None)
+                                        answer=cand.payload.get("answer"))  # shadow: postprocess compares it
                 return Lookup(section, boundary, verdict, ids)
         if last_verdict is None:
             return Lookup(self._section("miss", "below_threshold", mode, boundary.domain, threshold, best.id,

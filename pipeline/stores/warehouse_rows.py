@@ -14,7 +14,7 @@ def _ts(ms: int | None) -> datetime:
 
 DECISIONS_COLUMNS = [
     "request_id", "tenant_id", "stage", "decision", "reason", "policy_version", "revisions", "scores",
-    "candidates", "attempt", "step", "worker", "partition", "offset", "enqueued", "started", "finished",
+    "candidates", "labels", "attempt", "step", "worker", "partition", "offset", "enqueued", "started", "finished",
     "queue_ms", "service_ms", "replay_id", "shadow",
 ]
 
@@ -22,14 +22,14 @@ DECISIONS_COLUMNS = [
 def decision_row(e: Evidence) -> list[Any]:
     return [
         e.request_id, e.tenant_id, e.stage, e.decision, e.reason, e.policy_version, e.revisions, e.scores,
-        e.candidates, e.attempt, e.step, e.worker, e.partition, e.offset, _ts(e.enqueued_ms), _ts(e.started_ms),
+        e.candidates, e.labels, e.attempt, e.step, e.worker, e.partition, e.offset, _ts(e.enqueued_ms), _ts(e.started_ms),
         _ts(e.finished_ms), e.queue_ms, e.service_ms, e.replay_id, int(e.shadow),
     ]
 
 
 REQUESTS_COLUMNS = [
-    "request_id", "tenant_id", "status", "error_class", "answered_by", "route", "model", "adapter", "placement",
-    "cache", "tokens_in", "tokens_out", "cost_usd", "ttft_ms", "tpot_ms", "e2e_ms", "stage_queue_ms",
+    "request_id", "tenant_id", "status", "error_class", "answered_by", "route", "model", "requested_model", "adapter",
+    "placement", "cache", "domain", "tokens_in", "tokens_out", "cost_usd", "ttft_ms", "tpot_ms", "e2e_ms", "stage_queue_ms",
     "stage_service_ms", "created", "finished", "replay_id", "image_count", "image_bytes", "image_max_pixels",
     "image_decode_ms",
 ]
@@ -38,7 +38,8 @@ REQUESTS_COLUMNS = [
 def request_row(r: Response) -> list[Any]:
     return [
         r.request_id, r.tenant_id or "", r.status.value, r.error_class or "", r.answered_by, r.route or "",
-        r.model or "", r.adapter or "", r.placement or "", r.cache or "", r.usage.prompt_tokens,
+        r.model or "", r.requested_model or "", r.adapter or "", r.placement or "", r.cache or "", r.domain or "",
+        r.usage.prompt_tokens,
         r.usage.completion_tokens, r.cost_usd, r.ttft_ms, r.tpot_ms, r.e2e_ms,
         {k: v.queue_ms for k, v in r.timings.items()}, {k: v.service_ms for k, v in r.timings.items()},
         _ts(r.created_ms or r.finished_ms), _ts(r.finished_ms), r.replay_id, len(r.images),

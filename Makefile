@@ -36,16 +36,12 @@ deploy-tools:
 test: install deploy-tools
 	OMP_NUM_THREADS=1 $(PY) -m pytest -q -p no:cacheprovider
 
-# Until every product stage lands, test stages stand in for the missing ones (examples/demo.yaml).
+# The main job: the embedded stack on the bundled traffic (examples/demo_traffic.jsonl) through the
+# front door, then the analyst report. A fresh data dir each run.
 demo: install
 	@$(LLMPIPE) down --data-dir $(DEMO_DIR) >/dev/null 2>&1 || true
-	@# a fresh warehouse each run, so the summary shows this run only
 	@rm -rf $(DEMO_DIR)
-	$(LLMPIPE) up --detach --processes --data-dir $(DEMO_DIR) --config $(DEMO_CONFIG)
-	@trap '$(LLMPIPE) down --data-dir $(DEMO_DIR)' EXIT; \
-	  $(LLMPIPE) load --file examples/traffic.jsonl --rate 3 --data-dir $(DEMO_DIR) && \
-	  sleep 1.5 && \
-	  $(LLMPIPE) report --data-dir $(DEMO_DIR)
+	$(LLMPIPE) demo --data-dir $(DEMO_DIR) --config $(DEMO_CONFIG)
 
 schemas: install
 	$(PY) -m pipeline.contracts.jsonschema

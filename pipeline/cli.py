@@ -13,6 +13,7 @@ import io
 import logging
 import os
 import sys
+from collections import Counter
 from collections.abc import Callable
 from functools import wraps
 from pathlib import Path
@@ -39,7 +40,8 @@ tenants_app = typer.Typer(no_args_is_help=True, help="Tenants, API keys and limi
 app.add_typer(tenants_app, name="tenants")
 blobs_app = typer.Typer(no_args_is_help=True, help="Claim-check blobs (images a request refers to by blob://).")
 app.add_typer(blobs_app, name="blobs")
-out = Console()
+# a pipe or a CI log gets wide tables, not rich's 80-column default
+out = Console(width=None if sys.stdout.isatty() else int(os.environ.get("COLUMNS", "150")))
 err = Console(stderr=True)
 
 DataDir = Annotated[Path, typer.Option("--data-dir", help="state directory", envvar="LLMPIPE_DATA_DIR")]
@@ -368,8 +370,8 @@ def report(data_dir: DataDir = Path(".llmpipe"), config: ConfigFile = None, boot
     """The analyst report: stage latency and capacity with the bottleneck named, TTFT/TPOT/E2E, cache by
     domain, routes and cost, rejections, retries, models. Each section is a query in
     schemas/clickhouse/queries/ (rerun one with `llmpipe sql --file ... --param since=...`)."""
-    from pipeline.report import SECTIONS, bottleneck_sentence, build_report
-    from pipeline.report_html import render_html
+    from pipeline.report import build_report
+    from pipeline.report_render import print_report, render_html
 
     s = _settings(data_dir, config, bootstrap)
     doc = build_report(_query_fn(s), parse_since(since))
@@ -378,14 +380,7 @@ def report(data_dir: DataDir = Path(".llmpipe"), config: ConfigFile = None, boot
     if json:
         _print_json(doc)
         return
-    out.print(f"[bold]llmpipe report[/bold] since {doc['since']} UTC")
-    for sec in SECTIONS:
-        rows = doc["sections"][sec.name]
-        t = Table(*(rows[0] if rows else ["(no rows)"]), title=sec.title, caption=sec.meaning, title_justify="left")
-        for r in rows:
-            t.add_row(*("" if v is None else str(v) for v in r.values()))
-        out.print(t)
-    out.print(f"[bold]{bottleneck_sentence(doc['bottleneck'])}[/bold]")
+    print_report(doc, out)
     if html is not None:
         out.print(f"HTML report: {html}")
 
@@ -831,6 +826,136 @@ def replay(topic: Annotated[str, typer.Option("--topic", help="registry name (e.
             t.add_row(st, f"reason: {reason}", str(n))
         out.print(t)
     _print_json(doc)
+
+
+@app.command()
+@command
+def profile(stage: Annotated[str, typer.Option("--stage", help="the engine stage to profile")] = "generate",
+            seconds: Annotated[float, typer.Option(help="length of the control and of the profiled run")] = 20.0,
+            warmup: Annotated[float, typer.Option(help="warm-up seconds before measuring")] = 10.0,
+            concurrency: Annotated[int, typer.Option(help="closed-loop clients")] = 8,
+            max_tokens: Annotated[int, typer.Option(help="tokens per answer")] = 32,
+            data_dir: DataDir = Path(".llmpipe"), config: ConfigFile = None, json: Json = False) -> None:
+    """A torch-profiler trace of the engine under fixed traffic, its overhead measured against a control
+    run; the run is a `profile_runs` row and the trace lies in DATA_DIR/profiles/<run_id>/."""
+    from pipeline.profiling import PROFILE_COLUMNS, profile_generate
+    from pipeline.stack import running_stack
+    from pipeline.stores.warehouse import Warehouse, is_embedded
+
+    if stage != "generate":
+        raise CliError(f"profiling runs the engine stage `generate` (torch); {stage!r} is not one")
+    if seconds <= 0 or warmup < 0 or concurrency < 1 or max_tokens < 1:
+        raise CliError("--seconds and --concurrency and --max-tokens must be positive, --warmup not negative")
+    s = _settings(data_dir, config, None)
+    run = asyncio.run(profile_generate(s, seconds=seconds, warmup_s=warmup, concurrency=concurrency,
+                                       max_tokens=max_tokens, say=lambda m: err.print(m)))
+    info = running_stack(s.resolved_data_dir())
+    if is_embedded(s.resolved_warehouse_dsn()) and info is not None:
+        import httpx
+
+        r = httpx.post(f"{info.admin_url}/profile_runs", content=run.model_dump_json(), timeout=60,
+                       headers={"content-type": "application/json"})
+        if r.status_code != 200:
+            raise CliError(f"the stack did not record the run: {r.text}")
+    else:
+        wh = Warehouse(s.resolved_warehouse_dsn())
+        try:
+            wh.migrate()
+            wh.insert("profile_runs", PROFILE_COLUMNS, [run.row()])
+        finally:
+            wh.close()
+    if json:
+        _print_json(run.model_dump(mode="json"))
+        return
+    t = Table("op", "total ms", "calls", title=f"profile {run.run_id}: top ops in the engine", title_justify="left")
+    for name, ms, calls in run.top_ops:
+        t.add_row(name[:70], str(ms), str(calls))
+    out.print(t)
+    out.print(f"control {run.control['tokens_per_s']} tok/s, profiled {run.profiled['tokens_per_s']} tok/s: "
+              f"profiler overhead {run.overhead_pct}% · trace {run.trace_path}")
+
+
+@app.command()
+@command
+def demo(data_dir: DataDir = Path(".llmpipe/demo"),
+         config: Annotated[Path, typer.Option("--config", exists=True, dir_okay=False,
+                                              help="the demo's settings (tenants get keys per run)")] = Path("examples/demo.yaml"),
+         traffic: Annotated[Path, typer.Option("--traffic", exists=True, dir_okay=False,
+                                               help="demo traffic JSONL")] = Path("examples/demo_traffic.jsonl"),
+         rate: Annotated[float, typer.Option(help="requests per second offered")] = 2.5,
+         concurrency: Annotated[int, typer.Option(help="requests in flight at most")] = 48,
+         json: Json = False) -> None:
+    """Start the embedded stack, send the bundled traffic through the front door, print the report, stop."""
+    import time as _time
+
+    from pipeline.demo import MEANING, DemoImageServer, demo_config, read_demo_traffic, send_traffic, status_summary
+    from pipeline.ingress.load import percentile
+    from pipeline.report import build_report
+    from pipeline.report_render import print_report, render_html
+    from pipeline.stack import StackError, running_stack, start_detached, stop_stack
+    from pipeline.stages.tenants import new_api_key
+
+    d = data_dir.expanduser().resolve()
+    if running_stack(d):
+        raise StackError(f"a stack is already running for {d} (llmpipe down --data-dir {d} first)")
+    lines = read_demo_traffic(traffic)
+    d.mkdir(parents=True, exist_ok=True)
+    images = DemoImageServer().start()
+    t0 = _time.monotonic()
+    since = parse_since("1s")  # the report covers this run only
+    try:
+        keys = {t: new_api_key() for t in {line.tenant for line in lines if line.tenant and line.tenant != "nobody"}}
+        cfg = demo_config(config, keys, images.port)
+        missing = sorted(set(keys) - {t["name"] for t in cfg.get("tenants", [])})
+        if missing:
+            raise CliError(f"the traffic names tenants the config does not define: {missing}")
+        cfg_file = d / "demo-config.yaml"
+        cfg_file.write_text(yaml.safe_dump(cfg, allow_unicode=True))
+        with out.status("starting the stack: broker, warehouse, 8 stage workers, vLLM (about a minute)..."):
+            info = start_detached(["up", "--processes", "--data-dir", str(d), "--config", str(cfg_file)], d,
+                                  timeout_s=600)
+        out.print(f"stack up in {_time.monotonic() - t0:.0f}s; front door {info.http_url}")
+        with Progress(TextColumn("sending demo traffic"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                      console=out, disable=json) as progress:
+            task = progress.add_task("send", total=len(lines))
+            run = asyncio.run(send_traffic(lines, info.http_url, keys, images.base_url, rate=rate,
+                                           concurrency=concurrency, on_done=lambda: progress.advance(task)))
+        s = _settings(d, None, None)
+        query = _query_fn(s)
+        expected = run.reached_pipeline()
+        deadline = _time.monotonic() + 90
+        while _time.monotonic() < deadline:  # the sink writes in batches
+            if query("SELECT count() FROM requests FINAL", {}).rows[0][0] >= expected:
+                break
+            _time.sleep(1)
+        doc = build_report(query, since)
+        (d / "report.html").write_text(render_html(doc), encoding="utf-8")
+        cats = run.by_category()
+        latencies = [x.ms for x in run.sent if x.status == 200]
+        summary = {"requests": len(run.sent), "seconds": round(_time.monotonic() - t0, 1),
+                   "statuses": dict(sorted(Counter(x.status for x in run.sent).items())),
+                   "latency_ok_ms": {f"p{q}": percentile(latencies, q) for q in (50, 95, 99)},
+                   "categories": {k: {"requests": v["requests"], "statuses": dict(v["statuses"]),
+                                      "codes": dict(v["codes"]), "cache_hits": v["cache_hits"]}
+                                  for k, v in cats.items()},
+                   "report_html": str(d / "report.html"), "report": doc}
+        if json:
+            _print_json(summary)
+            return
+        print_report(doc, out)
+        t = Table("traffic", "sent", "answers (HTTP status×count, codes)", "cache hits", "what it shows",
+                  title="What the demo sent", title_justify="left")
+        for name, c in sorted(cats.items(), key=lambda kv: -kv[1]["requests"]):
+            t.add_row(name, str(c["requests"]), status_summary(c), str(c["cache_hits"]), MEANING.get(name, ""))
+        out.print(t)
+        out.print(f"{len(run.sent)} requests in {summary['seconds']}s including start-up; ok latency "
+                  f"p50 {summary['latency_ok_ms']['p50']} ms, p95 {summary['latency_ok_ms']['p95']} ms. "
+                  f"HTML report: {d / 'report.html'}")
+    finally:
+        images.stop()
+        if running_stack(d):
+            with out.status("stopping the stack..."):
+                stop_stack(d)
 
 
 @app.command()

@@ -62,6 +62,17 @@ def test_no_hit_across_any_boundary(cache, other):
     assert sec.decision == "miss" and sec.answer is None
 
 
+def test_another_system_prompt_is_another_boundary(cache):
+    def with_system(system: str | None) -> RequestDoc:
+        msgs = ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": Q}]
+        return RequestDoc(request_id="r", tenant_id="acme", body={"messages": msgs})
+
+    cache.apply(cache.put_record(with_system("Answer in one short sentence."), "9 to 6"))
+    assert lookup(cache, with_system("Answer in one short sentence.")).decision == "hit"
+    assert lookup(cache, with_system("Answer like a pirate.")).decision == "miss"
+    assert lookup(cache, with_system(None)).decision == "miss"
+
+
 def test_a_new_model_revision_is_a_new_boundary(cache):
     cache.apply(cache.put_record(doc(), "old model's answer"))
     cache.policy = CachePolicy(model_revisions={"default": "default@r2"})

@@ -745,3 +745,39 @@ def test_kustomize_renders_when_kubectl_is_available():
         pod = dep["spec"]["template"]["spec"]
         names = {v["configMap"]["name"] for v in pod["volumes"] if "configMap" in v}
         assert names and names <= {d["metadata"]["name"] for d in config_maps}
+
+
+def exported_metric_names() -> set[str]:
+    """Every sample name llmpipe's metrics produce (counters as *_total, histograms as *_bucket/_sum/_count)."""
+    from prometheus_client import REGISTRY, CollectorRegistry
+
+    import pipeline.ingress.http  # noqa: F401 - registers the front door's metrics on the default registry
+    from pipeline.runtime.metrics import StageMetrics
+
+    reg = CollectorRegistry()
+    m = StageMetrics("probe", reg)
+    m.processed("ok")
+    m.error("x")
+    m.dead_lettered("x")
+    m.lag(0, 1)
+    names = set()
+    for registry in (reg, REGISTRY):
+        for family in registry.collect():
+            names |= {s.name for s in family.samples}
+            if family.type == "counter":  # a labelled counter has no samples until first used
+                names.add(f"{family.name}_total")
+            if family.type == "histogram":
+                names |= {f"{family.name}_bucket", f"{family.name}_sum", f"{family.name}_count"}
+    return names
+
+
+def test_grafana_dashboard_queries_only_exported_metrics():
+    dash = json.loads((ROOT / "deploy" / "grafana" / "llmpipe-dashboard.json").read_text())
+    exprs = [t["expr"] for p in dash["panels"] for t in p.get("targets", [])]
+    assert len(exprs) >= 12
+    used = {m for e in exprs for m in re.findall(r"\bllmpipe_[a-z_]+", e)}
+    unknown = used - exported_metric_names()
+    assert not unknown, f"dashboard queries metrics nobody exports: {sorted(unknown)}"
+    assert {"llmpipe_http_requests_total", "llmpipe_service_seconds_bucket", "llmpipe_consumer_lag"} <= used
+    ids = [p["id"] for p in dash["panels"]]
+    assert len(ids) == len(set(ids))

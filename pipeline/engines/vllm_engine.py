@@ -33,13 +33,14 @@ class VllmEngine:
     """`await VllmEngine(dir).start()`, then `await generate(messages, Sampling(...))`."""
 
     def __init__(self, model_dir: Path, *, revision: str, cache_dir: Path, dtype: str = "bfloat16",
-                 max_model_len: int = 2048, max_num_seqs: int = 8) -> None:
+                 max_model_len: int = 2048, max_num_seqs: int = 8, profiler_dir: Path | None = None) -> None:
         self.model_dir = Path(model_dir)
         self.revision = revision
         self.cache_dir = Path(cache_dir)
         self.dtype = dtype
         self.max_model_len = max_model_len
         self.max_num_seqs = max_num_seqs
+        self.profiler_dir = profiler_dir  # set: start_profile/stop_profile write torch traces there
         self.engine = None
         self.tokenizer = None
 
@@ -62,11 +63,26 @@ class VllmEngine:
             def log_engine_initialized(self) -> None:
                 pass
 
+        extra = {}
+        if self.profiler_dir is not None:  # the engine core runs in its own process: vLLM profiles it there
+            from vllm.config import ProfilerConfig
+
+            extra["profiler_config"] = ProfilerConfig(profiler="torch", torch_profiler_dir=str(self.profiler_dir),
+                                                      torch_profiler_with_stack=False, ignore_frontend=True)
         args = AsyncEngineArgs(model=str(self.model_dir), dtype=self.dtype, max_model_len=self.max_model_len,
-                               enforce_eager=True, max_num_seqs=self.max_num_seqs, seed=0, disable_log_stats=True)
+                               enforce_eager=True, max_num_seqs=self.max_num_seqs, seed=0, disable_log_stats=True,
+                               **extra)
         self.engine = AsyncLLM.from_engine_args(args, stat_loggers=[PerRequestStatsOnly])
         self.tokenizer = self.engine.get_tokenizer()
         return self
+
+    async def start_profile(self) -> None:
+        assert self.engine is not None and self.profiler_dir is not None, "start() with a profiler_dir first"
+        await self.engine.start_profile()
+
+    async def stop_profile(self) -> None:
+        assert self.engine is not None
+        await self.engine.stop_profile()
 
     async def stop(self) -> None:
         if self.engine is not None:

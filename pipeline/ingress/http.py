@@ -20,16 +20,13 @@ arrives; errors are HTTP statuses before any chunk. See docs/ARCHITECTURE.md, "F
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
-import socket
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import orjson
-import uvicorn
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response as HttpResponse, StreamingResponse
 from prometheus_client import REGISTRY, CONTENT_TYPE_LATEST, Counter, Histogram, generate_latest
@@ -39,6 +36,7 @@ from pipeline.contracts import RequestDoc, Response
 from pipeline.ingress.client import Client, ClientTimeout
 from pipeline.ingress.openai_body import BodyError, chat_request
 from pipeline.ingress.openai_reply import (completion, error_body, http_status, retry_after_s, stream_chunks)
+from pipeline.runtime.asgi import AsgiServer
 from pipeline.runtime.codec import describe_validation_error
 from pipeline.runtime.follower import ControlFollower
 from pipeline.runtime.topics import TopicNames
@@ -153,12 +151,12 @@ class FrontDoor:
         except HttpError as exc:
             _REQUESTS.labels(str(exc.status)).inc()
             return JSONResponse(error_body(exc.status, exc.message, exc.code, request_id), exc.status,
-                                headers={"x-request-id": request_id, **exc.headers})
+                                headers={"x-request-id": request_id, "x-answered-by": "frontdoor", **exc.headers})
         finally:
             _LATENCY.observe(time.perf_counter() - t0)
         status = http_status(resp)
         _REQUESTS.labels(str(status)).inc()
-        headers = {"x-request-id": resp.request_id}
+        headers = {"x-request-id": resp.request_id, "x-answered-by": resp.answered_by}
         if status != 200:
             if status == 429:
                 headers["retry-after"] = str(retry_after_s(resp))
@@ -202,7 +200,8 @@ class FrontDoor:
         try:
             resp: Response = await self.client.wait(doc.request_id, fut, wait_s)
         except ClientTimeout:
-            raise HttpError(504, "no_answer_in_time", f"no answer within {timeout_s:.0f}s") from None
+            raise HttpError(504, "no_answer_in_time", f"no answer within {timeout_s:.0f}s",  # published: it
+                            {"x-answered-by": "pending"}) from None  # will be answered and recorded later
         return resp, parsed
 
     def _build_app(self) -> FastAPI:
@@ -227,46 +226,20 @@ async def _sse(chunks) -> AsyncIterator[bytes]:
     yield b"data: [DONE]\n\n"
 
 
-class _Server(uvicorn.Server):
-    """uvicorn inside a process that owns its signals (the stack supervisor, `llmpipe serve`)."""
-
-    @contextlib.contextmanager
-    def capture_signals(self):
-        yield
-
-
 class HttpServer:
-    """Serve a FrontDoor on host:port (0 = a free port); `url` is known once start() returns."""
+    """Serve a FrontDoor on host:port (0 = a free port); `url` is known once constructed."""
 
     def __init__(self, door: FrontDoor, host: str, port: int) -> None:
         self.door = door
-        self.sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-        self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        self.sock.bind((host, port))
-        self.host = host
-        self.port = self.sock.getsockname()[1]
-        self.server = _Server(uvicorn.Config(door.app, log_level="warning", lifespan="off", access_log=False))
-        self._task: asyncio.Task | None = None
-
-    @property
-    def url(self) -> str:
-        host = "127.0.0.1" if self.host in ("0.0.0.0", "") else self.host
-        return f"http://{host}:{self.port}"
+        self.asgi = AsgiServer(door.app, host, port)
+        self.url = self.asgi.url
 
     async def start(self) -> "HttpServer":
         await self.door.start()
-        self._task = asyncio.create_task(self.server.serve(sockets=[self.sock]))
-        while not self.server.started:
-            if self._task.done():
-                await self._task  # raises what stopped it
-                raise RuntimeError("the HTTP server stopped at start")
-            await asyncio.sleep(0.02)
+        await self.asgi.start()
         log.info("front door on %s", self.url)
         return self
 
     async def stop(self) -> None:
-        self.server.should_exit = True
-        if self._task is not None:
-            await asyncio.gather(self._task, return_exceptions=True)
+        await self.asgi.stop()
         await self.door.stop()
-        self.sock.close()

@@ -10,6 +10,7 @@ agree before an answer is reused.
 
 from __future__ import annotations
 
+import hashlib
 import re
 from dataclasses import dataclass, field
 from typing import Literal
@@ -106,12 +107,21 @@ def detect_domain(doc: RequestDoc, policy: CachePolicy) -> str:
     return policy.default_domain
 
 
+def prompt_revision(doc: RequestDoc, policy: CachePolicy) -> str:
+    """The policy's prompt revision, plus a digest of the request's system prompt when it has one:
+    the same question under another system prompt is another question."""
+    system = "\n".join(m.content for m in doc.body.messages if m.role == "system")
+    if not system:
+        return policy.prompt_revision
+    return f"{policy.prompt_revision}+sys:{hashlib.sha256(system.encode()).hexdigest()[:16]}"
+
+
 def boundary_for(doc: RequestDoc, policy: CachePolicy, domain: str, embedding_revision: str) -> Boundary:
     return Boundary(
         tenant=doc.tenant_id or "",
         acl_scope=doc.context.acl_scope,
         model_revision=policy.model_revision(doc.body.model),
-        prompt_revision=policy.prompt_revision,
+        prompt_revision=prompt_revision(doc, policy),
         data_version=doc.context.data_version or "",
         locale=doc.context.locale,
         embedding_revision=embedding_revision,

@@ -14,12 +14,12 @@ from typing import Any
 from uuid import UUID
 
 import httpx
-import uvicorn
 from fastapi import FastAPI, HTTPException
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from pydantic import BaseModel
 from starlette.responses import Response
 
+from pipeline.runtime.asgi import AsgiServer
 from pipeline.stores.warehouse import QueryResult, Warehouse
 
 _READ_ONLY = re.compile(r"^\s*(SELECT|WITH|SHOW|DESCRIBE|DESC|EXPLAIN|EXISTS)\b", re.IGNORECASE)
@@ -80,37 +80,35 @@ def admin_app(warehouse: Warehouse) -> FastAPI:
             raise HTTPException(400, f"{type(exc).__name__}: {exc}") from None
         return SqlAnswer(columns=result.columns, rows=[jsonable(list(r)) for r in result.rows])
 
+    @app.post("/profile_runs")
+    async def profile_runs(run: dict[str, Any]) -> dict[str, str]:
+        """`llmpipe profile` records its run here while the sink process owns the chDB directory."""
+        from pipeline.profiling import PROFILE_COLUMNS, ProfileRun
+
+        try:
+            row = ProfileRun.model_validate(run).row()
+        except ValueError as exc:
+            raise HTTPException(422, str(exc)) from None
+        await asyncio.to_thread(warehouse.insert, "profile_runs", PROFILE_COLUMNS, [row])
+        return {"status": "ok"}
+
     return app
 
 
 class AdminServer:
-    """uvicorn on 127.0.0.1 inside the running event loop."""
+    """The warehouse's admin endpoint on 127.0.0.1:port, inside the running event loop."""
 
     def __init__(self, warehouse: Warehouse, port: int) -> None:
-        config = uvicorn.Config(admin_app(warehouse), host="127.0.0.1", port=port, log_level="warning",
-                                lifespan="off")
-        self.server = uvicorn.Server(config)
-        self.server.install_signal_handlers = lambda: None  # type: ignore[method-assign]
-        self.port = port
-        self._task: asyncio.Task | None = None
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
+        self.asgi = AsgiServer(admin_app(warehouse), "127.0.0.1", port)
+        self.port = self.asgi.port
+        self.url = self.asgi.url
 
     async def start(self) -> "AdminServer":
-        self._task = asyncio.create_task(self.server.serve())
-        while not self.server.started:
-            if self._task.done():
-                self._task.result()
-                raise RuntimeError("admin server exited at start")
-            await asyncio.sleep(0.02)
+        await self.asgi.start()
         return self
 
     async def stop(self) -> None:
-        self.server.should_exit = True
-        if self._task is not None:
-            await self._task
+        await self.asgi.stop()
 
 
 def query_via_admin(admin_url: str, sql: str, parameters: dict[str, Any] | None = None,

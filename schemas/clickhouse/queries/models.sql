@@ -1,7 +1,7 @@
 -- The model the caller asked for next to the model that ran it.
 SELECT
     if(requested_model = '', '(none)', requested_model) AS requested,
-    if(model = '', '(none)', model) AS executed,
+    if(model != '', model, if(cache = 'hit', '(cache hit)', '(not run)')) AS executed,
     count() AS requests
 FROM requests FINAL
 WHERE replay_id = '' AND finished >= {since:DateTime64(3)}

@@ -1,6 +1,7 @@
--- Which routes requests took, what they cost and how many tokens they used (all finished requests).
+-- Which routes requests took, what they cost and how many tokens they used (all finished requests;
+-- cache hits skip route and the model).
 SELECT
-    if(route = '', '(none)', route) AS route_name,
+    if(route != '', route, if(cache = 'hit', '(cache hit)', '(refused before route)')) AS route_name,
     count() AS requests,
     round(count() / sum(count()) OVER (), 4) AS share,
     countIf(status = 'ok') AS ok,

@@ -1,10 +1,14 @@
-"""The analyst report as one self-contained HTML file: tables for every section and inline SVG bar
-charts (no scripts, no external assets: it opens offline and can be mailed)."""
+"""The analyst report rendered: for a terminal (rich tables with what each section means), and as
+one self-contained HTML file with inline SVG bar charts (no scripts, no external assets: it opens
+offline and can be mailed)."""
 
 from __future__ import annotations
 
 from html import escape
 from typing import Any
+
+from rich.console import Console
+from rich.table import Table
 
 from pipeline.report import SECTIONS, bottleneck_sentence
 
@@ -67,3 +71,14 @@ def render_html(doc: dict[str, Any]) -> str:
         out.append(f"<p class='m'>query: schemas/clickhouse/queries/{escape(sec.name)}.sql</p>")
     out.append("</body></html>")
     return "\n".join(out)
+
+
+def print_report(doc: dict[str, Any], console: Console) -> None:
+    console.print(f"[bold]llmpipe report[/bold] since {doc['since']} UTC")
+    for sec in SECTIONS:
+        rows = doc["sections"][sec.name]
+        t = Table(*(rows[0] if rows else ["(no rows)"]), title=sec.title, caption=sec.meaning, title_justify="left")
+        for r in rows:
+            t.add_row(*("" if v is None else str(v) for v in r.values()))
+        console.print(t)
+    console.print(f"[bold]{bottleneck_sentence(doc['bottleneck'])}[/bold]")

@@ -888,7 +888,8 @@ def demo(data_dir: DataDir = Path(".llmpipe/demo"),
     """Start the embedded stack, send the bundled traffic through the front door, print the report, stop."""
     import time as _time
 
-    from pipeline.demo import MEANING, DemoImageServer, demo_config, read_demo_traffic, send_traffic, status_summary
+    from pipeline.demo import (MEANING, DemoImageServer, demo_config, demo_tenants, read_demo_traffic, send_traffic,
+                               status_summary)
     from pipeline.ingress.load import percentile
     from pipeline.report import build_report
     from pipeline.report_render import print_report, render_html
@@ -904,11 +905,8 @@ def demo(data_dir: DataDir = Path(".llmpipe/demo"),
     t0 = _time.monotonic()
     since = parse_since("1s")  # the report covers this run only
     try:
-        keys = {t: new_api_key() for t in {line.tenant for line in lines if line.tenant and line.tenant != "nobody"}}
+        keys = {t: new_api_key() for t in demo_tenants(config)}  # a tenant not configured gets 401: "nobody"
         cfg = demo_config(config, keys, images.port)
-        missing = sorted(set(keys) - {t["name"] for t in cfg.get("tenants", [])})
-        if missing:
-            raise CliError(f"the traffic names tenants the config does not define: {missing}")
         cfg_file = d / "demo-config.yaml"
         cfg_file.write_text(yaml.safe_dump(cfg, allow_unicode=True))
         with out.status("starting the stack: broker, warehouse, 8 stage workers, vLLM (about a minute)..."):
@@ -933,9 +931,9 @@ def demo(data_dir: DataDir = Path(".llmpipe/demo"),
         cats = run.by_category()
         latencies = [x.ms for x in run.sent if x.status == 200]
         summary = {"requests": len(run.sent), "seconds": round(_time.monotonic() - t0, 1),
-                   "statuses": dict(sorted(Counter(x.status for x in run.sent).items())),
+                   "statuses": {str(k): n for k, n in sorted(Counter(x.status for x in run.sent).items())},
                    "latency_ok_ms": {f"p{q}": percentile(latencies, q) for q in (50, 95, 99)},
-                   "categories": {k: {"requests": v["requests"], "statuses": dict(v["statuses"]),
+                   "categories": {k: {"requests": v["requests"], "statuses": {str(c): n for c, n in v["statuses"].items()},
                                       "codes": dict(v["codes"]), "cache_hits": v["cache_hits"]}
                                   for k, v in cats.items()},
                    "report_html": str(d / "report.html"), "report": doc}

@@ -21,7 +21,7 @@ import orjson
 import yaml
 
 from pipeline.demo_images import DemoImageServer
-from pipeline.stages.tenants import key_hash, new_api_key
+from pipeline.stages.tenants import key_hash
 
 # what each traffic category demonstrates, for the closing table
 MEANING = {
@@ -96,6 +96,10 @@ def read_demo_traffic(path: Path) -> list[DemoLine]:
             lines.append(DemoLine(obj.pop("note", f"line {n}"), obj.pop("tenant", None),
                                   obj.pop("idempotency_key", None), obj))
     return lines
+
+
+def demo_tenants(base: Path) -> list[str]:
+    return [t["name"] for t in yaml.safe_load(base.read_text()).get("tenants", [])]
 
 
 def demo_config(base: Path, keys: dict[str, str], image_port: int) -> dict[str, Any]:

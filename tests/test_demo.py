@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from pipeline.report import SECTIONS, queries_dir
 from tests.test_cli_stack import ROOT, last_json, llmpipe
 
 pytestmark = pytest.mark.integration
@@ -47,6 +48,13 @@ def test_demo_runs_end_to_end_and_stops(tmp_path):
     html = Path(doc["report_html"]).read_text()
     assert "Bottleneck:" in html
     assert not (tmp_path / "demo" / "stack.json").exists(), "the demo stops its stack"
+    # the printed numbers are the shipped queries' (run now on the warehouse the stopped stack left)
+    for sec in SECTIONS:
+        res = llmpipe("sql", "--file", str(queries_dir() / f"{sec.name}.sql"), "--param", f"since={report['since']}",
+                      "--format", "json", data_dir=tmp_path / "demo")
+        assert res.returncode == 0, res.stderr
+        rows = [{k: (None if v != v else v) for k, v in r.items()} for r in last_json(res)]  # nan -> None
+        assert rows == report["sections"][sec.name], sec.name
     # the warehouse (readable directly now the stack is down) holds no raw PII from the demo lines
     dump = llmpipe("sql", "SELECT * FROM decisions", "--format", "json", data_dir=tmp_path / "demo").stdout
     dump += llmpipe("sql", "SELECT * FROM requests", "--format", "json", data_dir=tmp_path / "demo").stdout

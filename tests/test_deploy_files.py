@@ -64,7 +64,6 @@ FOREIGN_ENV_PREFIXES = ("VLLM_",)
 # LLMPIPE_* variables read outside pipeline.settings.Settings, or by settings not merged yet.
 LLMPIPE_ENV_NOT_IN_SETTINGS = {
     "LLMPIPE_CONFIG",  # the YAML settings file (pipeline.settings.CONFIG_ENV)
-    "LLMPIPE_QDRANT_URL",  # Qdrant server for the vector store (lands with the cache stage)
 }
 K8S_SCHEMA_VERSION = "1.30"  # oldest Kubernetes these manifests must be valid for
 DEBIAN_COMPOSE_SCHEMAS = ("/usr/lib/python3/dist-packages/compose/config/compose_spec.json",)
@@ -312,8 +311,9 @@ def compose_problems(compose: dict) -> list[str]:
             problems.append(f"{name}: LLMPIPE_BOOTSTRAP host {host!r} is not a service")
         elif f"//{host}:{port}" not in str(env_dict(services[host].get("environment")).get("KAFKA_ADVERTISED_LISTENERS")):
             problems.append(f"{name}: LLMPIPE_BOOTSTRAP {host}:{port} is not an advertised listener of {host}")
-        for var in ("LLMPIPE_WAREHOUSE_DSN", "LLMPIPE_QDRANT_URL"):
-            if var in env and urlsplit(interpolate(env[var])).hostname not in services:
+        for var in ("LLMPIPE_WAREHOUSE_DSN", "LLMPIPE_VECTOR_INDEX"):
+            url = interpolate(env.get(var, "")).removeprefix("qdrant:")  # the index spec is qdrant:<url>
+            if var in env and urlsplit(url).hostname not in services:
                 problems.append(f"{name}: {var} does not point at a compose service")
         if name in WORKERS + (FRONTDOOR,):
             dep = (svc.get("depends_on") or {}) if isinstance(svc.get("depends_on"), dict) else {}
@@ -322,8 +322,9 @@ def compose_problems(compose: dict) -> list[str]:
     for name in WORKERS:
         if name in services and "LLMPIPE_WAREHOUSE_DSN" not in env_dict(services[name].get("environment")):
             problems.append(f"{name}: LLMPIPE_WAREHOUSE_DSN is not set (the evidence sink)")
-    if "LLMPIPE_QDRANT_URL" not in env_dict(services.get("cache", {}).get("environment")):
-        problems.append("cache: LLMPIPE_QDRANT_URL is not set")
+    cache_index = env_dict(services.get("cache", {}).get("environment")).get("LLMPIPE_VECTOR_INDEX", "")
+    if not str(cache_index).startswith("qdrant:http"):
+        problems.append("cache: LLMPIPE_VECTOR_INDEX must name the Qdrant server (qdrant:http://...)")
 
     # Dependencies name existing services with valid conditions; healthy needs a healthcheck.
     for name, svc in services.items():

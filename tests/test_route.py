@@ -89,3 +89,40 @@ def test_devices_are_independent(embedder):
     decide(router, doc("hi", device_id="hot", device=DeviceState(temperature_c=50)))
     cool = decide(router, doc("hi", device_id="cool", device=DeviceState(temperature_c=30)))
     assert cool.placement_reason == "quality" and router.flags["hot"].hot.on
+
+
+def test_route_reuses_the_cache_embedding_of_the_same_text(embedder, tmp_path):
+    """cache embeds the user text; route reuses that vector (same model revision) and drops it from
+    the document it forwards. A vector from another model revision is never reused."""
+    import asyncio
+
+    from pipeline.engines.embedder import vector_from_b64
+    from pipeline.stages.cache_policy import CachePolicy
+    from pipeline.stages.route import RouteStage, reused_vector
+    from pipeline.stages.semantic_cache import KEYWORD_FIELDS, NUMERIC_FIELDS, SemanticCache
+    from pipeline.stores.vector_index import open_index
+
+    index = open_index(f"edge:{tmp_path / 'idx'}", embedder.dim, KEYWORD_FIELDS, NUMERIC_FIELDS)
+    try:
+        d = doc("How do I reset my password?")
+        sec = SemanticCache(index, embedder, CachePolicy()).lookup_many([d])[0].section
+    finally:
+        index.close()
+    vec = vector_from_b64(sec.query_embedding, embedder.dim)
+    assert vec is not None and abs(float(vec @ embedder.embed([route_text(d)])[0]) - 1) < 1e-5
+    looked_up = d.model_copy(update={"cache": sec})
+    assert reused_vector(looked_up, embedder) is not None
+    stale = d.model_copy(update={"cache": sec.model_copy(update={"embedding_revision": "other@r0"})})
+    assert reused_vector(stale, embedder) is None
+    router = Router(RoutePolicy(), embedder)
+    assert router.decide(looked_up, reused_vector(looked_up, embedder), 1_000) == decide(router, d)
+
+    from pipeline.runtime.stage import StageContext
+    from pipeline.settings import Settings, StageSpec
+
+    s = Settings(data_dir=tmp_path, stages=[StageSpec(name="route")])
+    stage = RouteStage(StageContext(spec=s.stage("route"), settings=s, runtime=s.runtime))
+    stage.router = router  # the stage's batch path, without a broker
+    out = asyncio.run(stage.process_batch([looked_up, d]))
+    assert [o.evidence[0].labels["embedding"] for o in out] == ["reused", "computed"]
+    assert out[0].doc.cache.query_embedding is None and out[0].doc.route == out[1].doc.route

@@ -97,6 +97,8 @@ class CacheSection(WireModel):
                                                  "served, only compared with the generated answer by postprocess")
     policy_version: str
     embedding_revision: str | None = None
+    query_embedding: str | None = Field(None, description="base64 float32 embedding of the user text "
+                                                          "(embedding_revision): route reuses it and drops it")
 
 
 class DeviceState(WireModel):

@@ -7,6 +7,7 @@ Torch threads are set explicitly: several torch users on 2 cores oversubscribe O
 
 from __future__ import annotations
 
+import base64
 import hashlib
 import importlib.util
 import os
@@ -30,6 +31,22 @@ def packaged_model_dir() -> Path:
     if not (path / "model.safetensors").exists():
         raise EmbedderError(f"{path} holds no model.safetensors")
     return path
+
+
+def vector_to_b64(vec: np.ndarray) -> str:
+    """A vector as base64 of little-endian float32: 2 KB for MiniLM, a third of its JSON."""
+    return base64.b64encode(np.asarray(vec, dtype="<f4").tobytes()).decode()
+
+
+def vector_from_b64(text: str, dim: int) -> np.ndarray | None:
+    """The vector back, or None when it is not `dim` float32 values."""
+    try:
+        raw = base64.b64decode(text, validate=True)
+    except ValueError:
+        return None
+    if len(raw) != 4 * dim:
+        return None
+    return np.frombuffer(raw, dtype="<f4").astype(np.float32)
 
 
 class Embedder:

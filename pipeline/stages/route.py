@@ -13,13 +13,22 @@ import numpy as np
 
 from pipeline.contracts import RequestDoc
 from pipeline.contracts.request import RouteSection
-from pipeline.engines.embedder import Embedder, ready_shared_embedder
+from pipeline.engines.embedder import Embedder, ready_shared_embedder, vector_from_b64
 from pipeline.runtime.stage import Outcome, Stage, StageContext
+from pipeline.stages.cache_policy import cache_text
 from pipeline.stages.route_policy import DeviceFlags, RoutePolicy, choose_route, place, score_routes, update_flags
 
 
 def route_text(doc: RequestDoc) -> str:
-    return "\n".join(m.content for m in doc.body.messages if m.role == "user")
+    return cache_text(doc)  # the same text: route can reuse cache's embedding of it
+
+
+def reused_vector(doc: RequestDoc, embedder: Embedder) -> np.ndarray | None:
+    """cache's embedding of this request's text, when cache computed one with the same model."""
+    c = doc.cache
+    if c is None or c.query_embedding is None or c.embedding_revision != embedder.revision:
+        return None
+    return vector_from_b64(c.query_embedding, embedder.dim)
 
 
 class Router:
@@ -63,12 +72,16 @@ class RouteStage(Stage):
         embedder = await ready_shared_embedder()
         self.router = await asyncio.to_thread(Router, self.policy, embedder)
 
-    def outcome(self, doc: RequestDoc, sec: RouteSection) -> Outcome:
-        doc = doc.model_copy(update={"route": sec})
+    def outcome(self, doc: RequestDoc, sec: RouteSection, reused: bool = False) -> Outcome:
+        update: dict = {"route": sec}
+        if doc.cache is not None and doc.cache.query_embedding is not None:  # later stages do not need it
+            update["cache"] = doc.cache.model_copy(update={"query_embedding": None})
+        doc = doc.model_copy(update=update)
         ev = self.evidence(doc, sec.decision, sec.reason,
                            scores={f"route.{k}": v for k, v in sec.scores.items()},
                            candidates=[sec.decision, *sec.fallbacks],
-                           revisions={"embedding": self.router.embedder.revision if self.router else ""})
+                           revisions={"embedding": self.router.embedder.revision if self.router else ""},
+                           labels={"embedding": "reused" if reused else "computed"})
         placement_ev = self.evidence(doc, f"placement:{sec.placement}", sec.placement_reason)
         # evidence rows are keyed by (request_id, stage, attempt): the placement row is its own stage name
         placement_ev = placement_ev.model_copy(update={"stage": f"{self.name}.placement"})
@@ -78,11 +91,16 @@ class RouteStage(Stage):
         assert self.router is not None, "start() first"
         router = self.router
 
-        def run() -> list[RouteSection]:
-            vecs = router.embedder.embed([route_text(d) for d in docs])
+        def run() -> tuple[list[RouteSection], list[bool]]:
+            vecs = [reused_vector(d, router.embedder) for d in docs]
+            todo = [i for i, v in enumerate(vecs) if v is None]
+            if todo:
+                for i, v in zip(todo, router.embedder.embed([route_text(docs[i]) for i in todo])):
+                    vecs[i] = v
             now = int(time.time() * 1000)
             # the record's own creation time drives hysteresis, so a replay re-decides identically
-            return [router.decide(d, v, d.created_ms or now) for d, v in zip(docs, vecs)]
+            return [router.decide(d, v, d.created_ms or now) for d, v in zip(docs, vecs)], \
+                [i not in set(todo) for i in range(len(docs))]
 
-        sections = await asyncio.to_thread(run)
-        return [self.outcome(d, s) for d, s in zip(docs, sections)]
+        sections, reused = await asyncio.to_thread(run)
+        return [self.outcome(d, s, r) for d, s, r in zip(docs, sections, reused)]

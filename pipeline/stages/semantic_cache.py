@@ -16,7 +16,7 @@ import numpy as np
 
 from pipeline.contracts import CacheInvalidate, CachePut, RequestDoc
 from pipeline.contracts.request import CacheSection
-from pipeline.engines.embedder import Embedder
+from pipeline.engines.embedder import Embedder, vector_to_b64
 from pipeline.stages.cache_policy import (
     BOUNDARY_FIELDS,
     Boundary,
@@ -143,7 +143,10 @@ class SemanticCache:
         if todo:
             vectors = self.embedder.embed([t for _, t, _, _ in todo])
             for (i, text, boundary, mode), vec in zip(todo, vectors):
-                results[i] = self._search(text, vec, boundary, mode, at_ms)
+                found = self._search(text, vec, boundary, mode, at_ms)
+                # route embeds the same text with the same model: it reuses this vector
+                found.section = found.section.model_copy(update={"query_embedding": vector_to_b64(vec)})
+                results[i] = found
         return [r for r in results if r is not None]
 
     def _search(self, text: str, vec: np.ndarray, boundary: Boundary, mode: str, at_ms: int) -> Lookup:

@@ -1,6 +1,8 @@
-"""Helpers both benchmarks share: interpolated percentiles and host CPU over a phase."""
+"""Helpers the benchmarks share: interpolated percentiles, host CPU over a phase, CPU per process."""
 
 from __future__ import annotations
+
+import os
 
 
 def pct(values: list[float], q: float) -> float | None:
@@ -36,3 +38,40 @@ class CpuWindow:
         total = sum(d[:8]) or 1  # user nice system idle iowait irq softirq steal
         idle = d[3] + d[4]
         return {"busy_pct": round(100 * (total - idle) / total, 1), "steal_pct": round(100 * d[7] / total, 1)}
+
+
+def proc_ticks() -> dict[int, tuple[int, int]]:
+    """pid -> (ppid, utime + stime ticks) of every process (/proc)."""
+    out: dict[int, tuple[int, int]] = {}
+    for d in os.listdir("/proc"):
+        if not d.isdigit():
+            continue
+        try:
+            with open(f"/proc/{d}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+            out[int(d)] = (int(fields[1]), int(fields[11]) + int(fields[12]))
+        except (OSError, IndexError, ValueError):
+            pass
+    return out
+
+
+def cpu_by_owner(before: dict[int, tuple[int, int]], after: dict[int, tuple[int, int]],
+                 owners: dict[int, str]) -> dict[str, float]:
+    """CPU seconds between two snapshots, each process charged to its nearest ancestor in `owners`
+    (the generate worker's vLLM engine-core processes count as generate)."""
+    hz = os.sysconf("SC_CLK_TCK")
+    out: dict[str, float] = {}
+    for pid, (ppid, ticks) in after.items():
+        owner, p = None, pid
+        for _ in range(50):
+            if p in owners:
+                owner = owners[p]
+                break
+            p = after.get(p, (0, 0))[0]
+            if p <= 1:
+                break
+        if owner is None:
+            owner = "other"
+        d = ticks - before.get(pid, (0, 0))[1] if pid in before else ticks
+        out[owner] = out.get(owner, 0.0) + d / hz
+    return {k: round(v, 1) for k, v in sorted(out.items(), key=lambda kv: -kv[1])}

@@ -43,7 +43,7 @@ import typer  # noqa: E402
 from rich.console import Console  # noqa: E402
 from rich.table import Table  # noqa: E402
 
-from bench._common import CpuWindow, pct  # noqa: E402
+from bench._common import CpuWindow, cpu_by_owner, pct, proc_ticks  # noqa: E402
 
 RATIO_TARGET = 0.9
 STAGES = ["mask", "cache", "route", "admit", "generate", "postprocess"]
@@ -87,43 +87,6 @@ def summary(tokens: list[int], ttft: list[float], e2e: list[float], wall_s: floa
             "tokens_per_s": round(total / wall_s, 1) if wall_s > 0 else None,
             "ttft_p50_ms": pct(ttft, 50), "ttft_p95_ms": pct(ttft, 95), "e2e_p50_ms": pct(e2e, 50),
             "e2e_p95_ms": pct(e2e, 95)}
-
-
-def proc_ticks() -> dict[int, tuple[int, int]]:
-    """pid -> (ppid, utime + stime ticks) of every process (/proc)."""
-    out: dict[int, tuple[int, int]] = {}
-    for d in os.listdir("/proc"):
-        if not d.isdigit():
-            continue
-        try:
-            with open(f"/proc/{d}/stat") as f:
-                fields = f.read().rsplit(")", 1)[1].split()
-            out[int(d)] = (int(fields[1]), int(fields[11]) + int(fields[12]))
-        except (OSError, IndexError, ValueError):
-            pass
-    return out
-
-
-def cpu_by_owner(before: dict[int, tuple[int, int]], after: dict[int, tuple[int, int]],
-                 owners: dict[int, str]) -> dict[str, float]:
-    """CPU seconds between two snapshots, each process charged to its nearest ancestor in `owners`
-    (the generate worker's vLLM engine-core processes count as generate)."""
-    hz = os.sysconf("SC_CLK_TCK")
-    out: dict[str, float] = {}
-    for pid, (ppid, ticks) in after.items():
-        owner, p = None, pid
-        for _ in range(50):
-            if p in owners:
-                owner = owners[p]
-                break
-            p = after.get(p, (0, 0))[0]
-            if p <= 1:
-                break
-        if owner is None:
-            owner = "other"
-        d = ticks - before.get(pid, (0, 0))[1] if pid in before else ticks
-        out[owner] = out.get(owner, 0.0) + d / hz
-    return {k: round(v, 1) for k, v in sorted(out.items(), key=lambda kv: -kv[1])}
 
 
 # ---- (a) the engine in this process ------------------------------------------------------------

@@ -2,6 +2,7 @@
 
     .venv/bin/python bench/pipeline_bench.py            # 5, 20, 50 req/s for 20 s each; overload 20 s (~9 min)
     .venv/bin/python bench/pipeline_bench.py --quick    # 8 s per rate, overload 10 s (~5 min)
+    .venv/bin/python bench/pipeline_bench.py --quick --stack-env VLLM_CPU_OMP_THREADS_BIND=0   # try a setting
 
 (1) Overhead. Text requests with distinct prompts (every one a cache miss, so every one runs every
     text stage), max_tokens 1 so the engine's part is one prefill, offered open-loop at 5, 20 and 50
@@ -44,16 +45,16 @@ import yaml  # noqa: E402
 from rich.console import Console  # noqa: E402
 from rich.table import Table  # noqa: E402
 
-from bench._common import CpuWindow, pct  # noqa: E402
+from bench._common import CpuWindow, cpu_by_owner, pct, proc_ticks  # noqa: E402
 
 OVERHEAD_TARGET_MS = 30.0
 console = Console(width=None if sys.stdout.isatty() else 130)
 log = Console(stderr=True)
 
 
-def cli(*args: str, data_dir: Path, timeout: float) -> subprocess.CompletedProcess[str]:
+def cli(*args: str, data_dir: Path, timeout: float, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, "-m", "pipeline.cli", *args, "--data-dir", str(data_dir)], cwd=ROOT,
-                          capture_output=True, text=True, timeout=timeout)
+                          capture_output=True, text=True, timeout=timeout, env={**os.environ, **(env or {})})
 
 
 def stack_config(keys: dict[str, str]) -> dict[str, Any]:
@@ -150,7 +151,7 @@ def overhead_row(rate: float, docs, answers, offered_s: float, wall_s: float) ->
             "e2e_p50_ms": pct([r.e2e_ms for r in ok], 50), "e2e_p99_ms": pct([r.e2e_ms for r in ok], 99)}
 
 
-async def main_async(quick: bool) -> dict[str, Any]:
+async def main_async(quick: bool, stack_env: dict[str, str]) -> dict[str, Any]:
     from pipeline.ingress.client import Client
     from pipeline.stages.tenants import new_api_key
 
@@ -163,7 +164,7 @@ async def main_async(quick: bool) -> dict[str, Any]:
     log.print("llmpipe up --detach --processes (default topology, real vLLM)")
     t0 = time.monotonic()
     up = await asyncio.to_thread(cli, "up", "--detach", "--processes", "--config", str(cfg), "--json",
-                                 data_dir=data_dir, timeout=900)
+                                 data_dir=data_dir, timeout=900, env=stack_env)
     if up.returncode != 0:
         raise RuntimeError(f"llmpipe up failed: {up.stderr.strip()[-1500:]}")
     stack = json.loads((data_dir / "stack.json").read_text())
@@ -173,12 +174,15 @@ async def main_async(quick: bool) -> dict[str, Any]:
     try:
         async with Client(stack["bootstrap"], topic_prefix=stack["topic_prefix"]) as c:
             await offer(c, keys["open"], 4, 3, "warm-up")
+            owners = {int(p): k.split(":")[-1] for k, p in stack["pids"].items()} | {os.getpid(): "bench client"}
             for rate in (5.0, 20.0, 50.0):
                 log.print(f"offering {rate:.0f} req/s for {window:.0f}s")
-                cpu = CpuWindow()
+                cpu, ticks0 = CpuWindow(), proc_ticks()
                 docs, answers, offered_s, wall = await offer(c, keys["open"], rate, window, f"r{rate:.0f}")
                 row = overhead_row(rate, docs, answers, offered_s, wall)
                 row["host_busy_pct"] = cpu.result().get("busy_pct")
+                row["cpu_s_by_process"] = cpu_by_owner(ticks0, proc_ticks(), owners)
+                row["seconds"] = round(wall, 1)
                 rows.append(row)
                 await asyncio.sleep(2)
             kept = [r for r in rows if r["kept_up"]]
@@ -203,13 +207,17 @@ async def main_async(quick: bool) -> dict[str, Any]:
         await rss.stop()
         log.print("llmpipe down")
         await asyncio.to_thread(cli, "down", data_dir=data_dir, timeout=300)
-    return {"bench": "pipeline", "quick": quick, "rates": rows, "overload": overload,
+    return {"bench": "pipeline", "quick": quick, "stack_env": stack_env, "rates": rows, "overload": overload,
             "target_overhead_p50_ms": OVERHEAD_TARGET_MS}
 
 
-def main(quick: bool = typer.Option(False, "--quick", help="shorter windows")) -> None:
+def main(quick: bool = typer.Option(False, "--quick", help="shorter windows"),
+         stack_env: list[str] = typer.Option([], "--stack-env", help="KEY=VALUE for the stack's processes "
+                                                                     "(e.g. VLLM_CPU_OMP_THREADS_BIND=0), repeatable")) -> None:
     os.environ.setdefault("OMP_NUM_THREADS", "1")
-    res = asyncio.run(main_async(quick))
+    if any("=" not in kv for kv in stack_env):
+        raise typer.BadParameter("--stack-env takes KEY=VALUE")
+    res = asyncio.run(main_async(quick, dict(kv.split("=", 1) for kv in stack_env)))
     t = Table(title="Pipeline overhead = E2E − engine service time (text, cache misses, max_tokens 1)")
     for col in ("offered req/s", "sent", "ok", "achieved req/s", "kept up", "overhead p50", "overhead p99",
                 "engine p50", "queue before engine p50", "e2e p50", "e2e p99", "host busy %"):
@@ -231,6 +239,14 @@ def main(quick: bool = typer.Option(False, "--quick", help="shorter windows")) -
                                             f"{r['stages'].get(n, {}).get('service_p50_ms')}" for n in names),
                    str(r["between_stages_p50_ms"]))
     console.print(st)
+    cpu = Table(title="CPU seconds per stack process in each window (vLLM's engine core counts as generate)")
+    cpu.add_column("offered req/s", justify="right")
+    cpu.add_column("window s", justify="right")
+    cpu.add_column("CPU seconds by process")
+    for r in res["rates"]:
+        cpu.add_row(str(r["offered_rps"]), str(r["seconds"]),
+                    ", ".join(f"{k} {v}" for k, v in r["cpu_s_by_process"].items() if v >= 0.1))
+    console.print(cpu)
     at20 = next(r for r in res["rates"] if r["offered_rps"] == 20.0)
     ratio = None if at20["overhead_p50_ms"] is None else round(at20["overhead_p50_ms"] / OVERHEAD_TARGET_MS, 2)
     console.print(f"overhead p50 at 20 req/s: {at20['overhead_p50_ms']} ms (target ≤ {OVERHEAD_TARGET_MS} ms; "

@@ -38,6 +38,8 @@ models_app = typer.Typer(no_args_is_help=True, help="Model files (prepared once,
 app.add_typer(models_app, name="models")
 tenants_app = typer.Typer(no_args_is_help=True, help="Tenants, API keys and limits (published on control).")
 app.add_typer(tenants_app, name="tenants")
+adapters_app = typer.Typer(no_args_is_help=True, help="LoRA adapter registry (published on control).")
+app.add_typer(adapters_app, name="adapters")
 blobs_app = typer.Typer(no_args_is_help=True, help="Claim-check blobs (images a request refers to by blob://).")
 app.add_typer(blobs_app, name="blobs")
 # a pipe or a CI log gets wide tables, not rich's 80-column default
@@ -573,6 +575,16 @@ def _publish_control(bootstrap: str, prefix: str, records: list[tuple[str, Any]]
     asyncio.run(run())
 
 
+def _publish_one(bootstrap: str, prefix: str, key: str, record: Any, doc: dict[str, Any], text: str,
+                 json: bool) -> None:
+    """Publish one control record, then tell the operator: `doc` with --json, else `text`."""
+    _publish_control(bootstrap, prefix, [(key, record)])
+    if json:
+        _print_json(doc)
+    else:
+        out.print(text)
+
+
 def _limits_given(**given: Any) -> dict[str, Any]:
     from pipeline.stages.tenants import TenantLimits
 
@@ -635,11 +647,8 @@ def tenants_set_limits(name: Annotated[str, typer.Argument(help="tenant name")],
         raise CliError("give at least one limit to change")
     s = _settings(data_dir, config, bootstrap)
     bs, prefix = _stack_bootstrap(s)
-    _publish_control(bs, prefix, [(f"tenant:{name}", TenantUpsert(tenant=name, limits=limits))])
-    if json:
-        _print_json({"tenant": name, "limits": limits})
-    else:
-        out.print(f"tenant {name}: limits {limits} published")
+    _publish_one(bs, prefix, f"tenant:{name}", TenantUpsert(tenant=name, limits=limits),
+                 {"tenant": name, "limits": limits}, f"tenant {name}: limits {limits} published", json)
 
 
 @tenants_app.command("revoke-key")
@@ -703,6 +712,103 @@ def cache_eval(pairs: Annotated[Path, typer.Option("--pairs", exists=True, dir_o
         out.print(t)
         report = {k: v for k, v in report.items() if k != "pairs"}
     _print_json(report)
+
+
+def _adapter_registry(s: Settings):
+    """The registry as the stages see it: config, then every adapter record on `control`."""
+    from pipeline.runtime.follower import ControlFollower
+    from pipeline.runtime.topics import TopicNames
+    from pipeline.stages.adapters import AdapterRegistry
+
+    registry = AdapterRegistry(s.adapters)
+    boot, prefix = _stack_bootstrap(s)
+
+    async def run() -> None:
+        f = await ControlFollower(boot, TopicNames(prefix)("control"), registry.apply).start()
+        await f.stop()
+
+    asyncio.run(run())
+    return registry, boot, prefix
+
+
+@adapters_app.command("list")
+@command
+def adapters_list(data_dir: DataDir = Path(".llmpipe"), config: ConfigFile = None, bootstrap: Bootstrap = None,
+                  json: Json = False) -> None:
+    """Registered adapters: base model, revision, rank, state, tenants, and whether they verify here."""
+    from pipeline.stages.adapters import incompatibility
+
+    s = _settings(data_dir, config, bootstrap)
+    registry, _, _ = _adapter_registry(s)
+    rows = [{**spec.model_dump(mode="json"), "problem": incompatibility(spec, s.lora)}
+            for spec in sorted(registry.specs.values(), key=lambda x: x.name)]
+    if json:
+        _print_json(rows)
+        return
+    t = Table("name", "base", "revision", "rank", "state", "tenants", "verifies here")
+    for r in rows:
+        t.add_row(r["name"], r["base_model"], r["revision"], str(r["rank"]), r["state"], ",".join(r["tenants"]),
+                  r["problem"] or "yes")
+    out.print(t)
+
+
+@adapters_app.command("register")
+@command
+def adapters_register(name: Annotated[str, typer.Argument(help="adapter name (callers may use it as `model`)")],
+                      path: Annotated[Path, typer.Option("--path", exists=True, file_okay=False, help="adapter directory")],
+                      revision: Annotated[str, typer.Option("--revision")],
+                      rank: Annotated[int, typer.Option("--rank", min=1)],
+                      tenant: Annotated[Optional[list[str]], typer.Option("--tenant", help="may use it; repeatable; '*' = all")] = None,
+                      base_model: Annotated[str, typer.Option("--base-model")] = "smollm2-135m-instruct",
+                      base_revision: Annotated[str, typer.Option("--base-revision")] = "",
+                      data_dir: DataDir = Path(".llmpipe"), config: ConfigFile = None, bootstrap: Bootstrap = None,
+                      json: Json = False) -> None:
+    """Verify an adapter directory (allowed root, rank, checksum) and publish it, cold, on control."""
+    from pipeline.contracts.adapter import AdapterSpec
+    from pipeline.contracts.control import AdapterRegistered
+    from pipeline.stages.adapters import adapter_digest, incompatibility
+
+    s = _settings(data_dir, config, bootstrap)
+    spec = AdapterSpec(name=name, base_model=base_model, base_revision=base_revision, revision=revision,
+                       path=path.resolve(), sha256=adapter_digest(path), rank=rank, tenants=tenant or [])
+    problem = incompatibility(spec, s.lora)
+    if problem is not None:
+        raise CliError(f"adapter {name} refused: {problem}")
+    boot, prefix = _stack_bootstrap(s)
+    _publish_one(boot, prefix, f"adapter:{name}", AdapterRegistered(spec=spec), spec.model_dump(mode="json"),
+                 f"registered {name} ({spec.sha256[:12]}), cold", json)
+
+
+def _adapter_state(name: str, state: str, allowed: tuple[str, ...], data_dir: Path, config: Path | None,
+                   bootstrap: str | None, json: bool) -> None:
+    from pipeline.contracts.control import AdapterStateChanged
+
+    if state not in allowed:
+        raise CliError(f"--to must be one of {', '.join(allowed)}")
+    s = _settings(data_dir, config, bootstrap)
+    registry, boot, prefix = _adapter_registry(s)
+    if name not in registry.specs:
+        raise CliError(f"no adapter {name!r} is registered")
+    _publish_one(boot, prefix, f"adapter:{name}", AdapterStateChanged(name=name, state=state),
+                 {"name": name, "state": state}, f"{name}: {registry.specs[name].state} -> {state}", json)
+
+
+@adapters_app.command("promote")
+@command
+def adapters_promote(name: Annotated[str, typer.Argument()], to: Annotated[str, typer.Option("--to")] = "hot",
+                     data_dir: DataDir = Path(".llmpipe"), config: ConfigFile = None, bootstrap: Bootstrap = None,
+                     json: Json = False) -> None:
+    """Move an adapter up: warm (CPU cache) or hot (in the engine)."""
+    _adapter_state(name, to, ("warm", "hot"), data_dir, config, bootstrap, json)
+
+
+@adapters_app.command("demote")
+@command
+def adapters_demote(name: Annotated[str, typer.Argument()], to: Annotated[str, typer.Option("--to")] = "cold",
+                    data_dir: DataDir = Path(".llmpipe"), config: ConfigFile = None, bootstrap: Bootstrap = None,
+                    json: Json = False) -> None:
+    """Move an adapter down: warm, cold, or incompatible (never served again)."""
+    _adapter_state(name, to, ("warm", "cold", "incompatible"), data_dir, config, bootstrap, json)
 
 
 @blobs_app.command("put")

@@ -15,6 +15,8 @@ from pydantic_settings import (
     YamlConfigSettingsSource,
 )
 
+from pipeline.contracts.adapter import AdapterSpec
+from pipeline.stages.adapters import LoraSettings
 from pipeline.stages.tenants import RateLimits, TenantSpec
 
 CONFIG_ENV = "LLMPIPE_CONFIG"
@@ -192,6 +194,8 @@ class Settings(BaseSettings):
     deployments: list[Deployment] = Field(default_factory=default_deployments)
     tenants: list[TenantSpec] = Field(default_factory=list, description="tenants and hashed keys; control adds more")
     auth: AuthSettings = AuthSettings()
+    adapters: list[AdapterSpec] = Field(default_factory=list, description="LoRA adapters; control adds more")
+    lora: LoraSettings = LoraSettings()
     http: HttpSettings = HttpSettings()
     log_level: str = "INFO"
 

@@ -8,6 +8,7 @@ import base64
 import io
 import json
 import socket
+import time
 
 import httpx
 import openai
@@ -15,6 +16,7 @@ import pytest
 import yaml
 from PIL import Image
 
+from pipeline.stages.adapters import adapter_digest
 from pipeline.stages.tenants import key_hash, new_api_key
 from tests.test_cli_stack import last_json, llmpipe
 
@@ -34,8 +36,15 @@ def door(tmp_path_factory):
     data_dir = tmp_path_factory.mktemp("frontdoor")
     keys = {t: new_api_key() for t in ("acme", "tight", "other")}
     limits = {"tight": {"rpm": 1}}
+    roots = data_dir / "adapters"
+    for name in ("support-lora", "spare-lora"):
+        (roots / name).mkdir(parents=True)
+        (roots / name / "adapter_config.json").write_text(json.dumps({"r": 8, "name": name}))
     config = {
         "auth": {"required": True},
+        "lora": {"allowed_roots": [str(roots)]},
+        "adapters": [{"name": "support-lora", "revision": "r1", "path": str(roots / "support-lora"), "rank": 8,
+                      "sha256": adapter_digest(roots / "support-lora"), "tenants": ["acme"]}],
         "tenants": [{"name": t, "limits": limits.get(t, {}), "api_keys": [{"key_sha256": key_hash(k)}]}
                     for t, k in keys.items()],
         "deployments": [{"name": "local-vllm", "engine": "vllm", "json_schema": True},
@@ -194,3 +203,44 @@ def test_error_statuses(door):
         acme.chat.completions.create(model="m", messages=[{"role": "user", "content": BROKEN}], max_tokens=4,
                                      response_format={"type": "json_object"})
     assert e.value.status_code == 503 and e.value.body["code"] == "no_compatible_deployment", e.value.body
+
+
+def test_adapters_are_authorised_per_tenant_and_registered_live(door):
+    info, keys, data_dir = door
+    ask = [{"role": "user", "content": "I want a refund"}]
+    with pytest.raises(openai.PermissionDeniedError) as e:  # 403: the tenant may not use the adapter
+        client(info, keys["other"]).chat.completions.create(model="support-lora", messages=ask, max_tokens=4)
+    assert e.value.body["code"] == "adapter_forbidden"
+    ok = client(info, keys["acme"]).chat.completions.create(model="support-lora", messages=ask, max_tokens=4)
+    assert ok.choices[0].message.content is not None
+    assert ok.model_extra["llmpipe"]["adapter"] is None  # authorised; LoRA execution is not wired yet: base ran
+    rows = last_json(llmpipe("sql", "SELECT stage, decision, labels FROM decisions FINAL WHERE stage IN "
+                                    "('admit', 'route') AND labels['adapter'] != '' ORDER BY stage", "--format", "json",
+                             data_dir=data_dir))
+    assert ("admit", "refused") in {(r["stage"], r["decision"]) for r in rows}
+    assert {r["labels"]["adapter"] for r in rows if r["stage"] == "route"} == {"support-lora"}
+
+    # a second adapter, registered while the stack runs: refused outside the allowed roots, else live
+    outside = data_dir / "elsewhere"
+    outside.mkdir()
+    (outside / "adapter_config.json").write_text("{}")
+    cfg = str(data_dir / "llmpipe.yaml")  # the operator's config: it names the allowed adapter roots
+    bad = llmpipe("adapters", "register", "rogue-lora", "--path", str(outside), "--revision", "r1", "--rank", "4",
+                  "--tenant", "*", "--config", cfg, data_dir=data_dir)
+    assert bad.returncode != 0 and "outside the allowed adapter roots" in bad.stderr
+    reg = llmpipe("adapters", "register", "spare-lora", "--path", str(data_dir / "adapters" / "spare-lora"),
+                  "--revision", "r2", "--rank", "8", "--tenant", "other", "--config", cfg, "--json", data_dir=data_dir)
+    assert reg.returncode == 0, reg.stderr
+    assert llmpipe("adapters", "promote", "spare-lora", "--to", "warm", data_dir=data_dir).returncode == 0
+    listed = {r["name"]: r for r in last_json(llmpipe("adapters", "list", "--config", cfg, "--json", data_dir=data_dir))}
+    assert listed["spare-lora"]["state"] == "warm" and listed["spare-lora"]["problem"] is None
+    assert listed["support-lora"]["tenants"] == ["acme"]
+    deadline = time.monotonic() + 60
+    while True:  # admit follows control: the new adapter is usable by `other` once it has applied it
+        try:
+            r = client(info, keys["other"]).chat.completions.create(model="spare-lora", messages=ask, max_tokens=4)
+            break
+        except openai.APIStatusError as exc:
+            assert exc.body["code"] in ("adapter_unavailable", "adapter_forbidden") and time.monotonic() < deadline
+            time.sleep(1)
+    assert r.choices[0].message.content is not None

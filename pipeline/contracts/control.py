@@ -1,5 +1,5 @@
 """Records on the `control` topic: cache write-backs and invalidations, circuit-breaker states, the tenant
-registry (tenants, limits, hashed API keys) (and, later, policy versions and the adapter registry). Every cache worker follows the whole topic, so
+registry (tenants, limits, hashed API keys), the adapter registry (and, later, policy versions). Every cache worker follows the whole topic, so
 each keeps a complete index replica and applies invalidations in order; generate workers follow it
 for breaker states."""
 
@@ -10,6 +10,7 @@ from typing import Annotated, Any, Literal, Union
 from pydantic import Field, RootModel
 
 from pipeline.contracts.base import WireModel, now_ms
+from pipeline.contracts.adapter import AdapterSpec, AdapterState
 
 CONTROL_SCHEMA = "control/v1"
 
@@ -77,6 +78,26 @@ class ApiKeyRevoked(WireModel):
     at_ms: int = Field(default_factory=now_ms)
 
 
+class AdapterRegistered(WireModel):
+    """An adapter added to (or replaced in) the registry; `llmpipe adapters register` verified it."""
+
+    schema_: Literal["control/v1"] = Field(CONTROL_SCHEMA, alias="schema")
+    kind: Literal["adapter_registered"] = "adapter_registered"
+    spec: AdapterSpec
+    at_ms: int = Field(default_factory=now_ms)
+
+
+class AdapterStateChanged(WireModel):
+    """promote/demote: hot (in the engine) / warm (CPU cache) / cold (disk) / incompatible (never served)."""
+
+    schema_: Literal["control/v1"] = Field(CONTROL_SCHEMA, alias="schema")
+    kind: Literal["adapter_state"] = "adapter_state"
+    name: str
+    state: AdapterState
+    reason: str = ""
+    at_ms: int = Field(default_factory=now_ms)
+
+
 class Marker(WireModel):
     """Written by a follower to learn it has caught up (end offsets are unreliable on Tansu)."""
 
@@ -85,5 +106,7 @@ class Marker(WireModel):
     marker_id: str
 
 
-class ControlRecord(RootModel[Annotated[Union[CachePut, CacheInvalidate, BreakerUpdate, TenantUpsert, ApiKeyIssued, ApiKeyRevoked, Marker], Field(discriminator="kind")]]):
+class ControlRecord(RootModel[Annotated[Union[CachePut, CacheInvalidate, BreakerUpdate, TenantUpsert, ApiKeyIssued,
+                                              ApiKeyRevoked, AdapterRegistered, AdapterStateChanged, Marker],
+                                        Field(discriminator="kind")]]):
     pass

@@ -131,6 +131,7 @@ class GenerationSection(WireModel):
     deployment: str
     model: str
     model_revision: str
+    adapter: str | None = Field(None, description="the LoRA adapter the engine applied (None: the base model)")
     text: str
     prompt_token_ids: list[int]
     token_ids: list[int]

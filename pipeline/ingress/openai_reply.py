@@ -23,6 +23,7 @@ STATUS_BY_CLASS: dict[str, int] = {
     "rate_limited": 429, "concurrency_limited": 429, "budget_exhausted": 429,
     "processing_failed": 500, "unmask_failed": 500, "no_answer": 500,
     "overloaded": 503, "engine_dead": 503, "no_compatible_deployment": 503, "original_lost": 503,
+    "adapter_unavailable": 503,
     "deadline_exceeded": 504, "no_answer_in_time": 504,
 }
 FALLBACK_BY_STATUS = {Status.rejected: 400, Status.error: 502, Status.deadline_exceeded: 504}

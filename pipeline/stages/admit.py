@@ -42,6 +42,7 @@ from pipeline.runtime.codec import decode, encode
 from pipeline.runtime.stage import Outcome, SideEffects, SideRecord, Stage, StageContext
 from pipeline.runtime.topics import TopicNames, load_registry
 from pipeline.settings import Deployment
+from pipeline.stages.adapters import AdapterRegistry, adapter_refusal, refuse_adapter
 from pipeline.stages.admission import (Ask, Hold, Lane, Meter, TenantState, Verdict, Window, admit, decided_key,
                                        evaluate, forget_settled, now_ms, roll, settle)
 from pipeline.stages.tenants import RateLimits, TenantLimits, TenantRegistry
@@ -99,6 +100,7 @@ class AdmitStage(Stage):
     def __init__(self, ctx: StageContext) -> None:
         super().__init__(ctx)
         self.registry = TenantRegistry(ctx.settings.tenants)
+        self.adapters = AdapterRegistry(ctx.settings.adapters)
         self.deployments = {d.name: d for d in ctx.settings.deployments}
         self.states: dict[str, TenantState] = defaultdict(TenantState)
         self.shares: dict[int, dict[str, Meter]] = {}  # partition -> deployment -> its share's meter
@@ -117,7 +119,7 @@ class AdmitStage(Stage):
 
     async def start(self) -> None:
         self.tokenizer = await asyncio.to_thread(load_chat_tokenizer, self.ctx.settings)
-        await self.follow_control(self.registry.apply)
+        await self.follow_control(lambda r: self.registry.apply(r) or self.adapters.apply(r))
         if self.ctx.bootstrap:
             marker = lambda mid: encode(StateMarker(marker_id=mid))  # noqa: E731
             self.reader = await ChangelogReader(self.ctx.bootstrap, self.names(STATE_TOPIC), marker).start()
@@ -384,6 +386,11 @@ class AdmitStage(Stage):
     async def process(self, doc: RequestDoc) -> Outcome:
         tenant = doc.tenant_id or ""
         side: list[SideRecord] = self._expire_claims(now_ms())
+        refused = refuse_adapter(doc, self.adapters)
+        if refused is not None:  # it never runs: nothing is held or claimed
+            out = adapter_refusal(self, doc, *refused)
+            out.side = side
+            return out
         claim: Claim | None = None
         if tenant and doc.idempotency_key:
             got = self._idempotency(doc, tenant, now_ms())

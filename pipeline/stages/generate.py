@@ -29,6 +29,7 @@ from pipeline.engines.model_prep import resolve
 from pipeline.engines.tokenizer import load_chat_tokenizer
 from pipeline.runtime.stage import Outcome, Stage, StageContext
 from pipeline.settings import Deployment
+from pipeline.stages.adapters import AdapterRegistry, adapter_refusal, refuse_adapter
 from pipeline.stages.deployments import (
     RETRYABLE,
     Breaker,
@@ -125,6 +126,7 @@ class GenerateStage(Stage):
         self.engines: dict[str, ChatEngine] = {}
         self.slots: dict[str, asyncio.Semaphore] = {d.name: asyncio.Semaphore(d.concurrency) for d in self.deployments}
         self.breakers: dict[str, Breaker] = {d.name: Breaker() for d in self.deployments}
+        self.adapters = AdapterRegistry(ctx.settings.adapters)
         self.tokenizer = None
         self.member = f"{ctx.settings.worker_id or 'generate'}:{uuid.uuid4().hex[:8]}"
 
@@ -150,6 +152,8 @@ class GenerateStage(Stage):
     def apply_control(self, record: object) -> None:
         """Adopt another worker's breaker change. Its half-open probe counts as open here: this
         worker waits out a cooldown of its own rather than probing at the same time."""
+        if self.adapters.apply(record):
+            return
         if not isinstance(record, BreakerUpdate) or record.worker == self.member or record.deployment not in self.breakers:
             return
         if record.state == "closed":
@@ -196,6 +200,9 @@ class GenerateStage(Stage):
         return Outcome.answer(a.doc, resp, *a.rows, final)
 
     async def _one(self, doc: RequestDoc) -> Outcome:
+        refused = refuse_adapter(doc, self.adapters)  # admit checked it too: a tenant's adapter never runs unchecked
+        if refused is not None:
+            return adapter_refusal(self, doc, *refused)
         assert self.tokenizer is not None, "start() first"
         p = self.policy
         a = _Attempts(doc)
@@ -270,7 +277,11 @@ class GenerateStage(Stage):
                                           **({"tpot_ms": sec.tpot_ms} if sec.tpot_ms else {}),
                                           **({"engine_queue_ms": sec.engine_queue_ms}
                                              if sec.engine_queue_ms is not None else {})},
-                                  candidates=a.tried, revisions={"model": sec.model_revision})
+                                  candidates=a.tried, revisions={"model": sec.model_revision},
+                                  # LoRA execution is not wired yet: an authorised adapter route picked
+                                  # runs on the base model, and the row says so
+                                  labels={"adapter_requested": (doc.route.adapter if doc.route else None) or "",
+                                          "adapter_applied": sec.adapter or ""})
             return Outcome.forward(doc, *a.rows, final)
         return self._failed(a, "all_deployments_unavailable",
                             f"{', '.join(a.failures) or 'no attempt'}; every compatible deployment is failing or "

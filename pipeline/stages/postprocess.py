@@ -111,7 +111,7 @@ class PostprocessStage(ThreadedStage):
             deployment=gen.deployment if gen else None,
             token_ids=gen.token_ids if gen and source == "generation" and doc.body.logprobs else None,
             logprobs=gen.logprobs if gen and source == "generation" and doc.body.logprobs else None, cost_usd=gen.cost_usd if gen and source == "generation" else 0.0,
-            adapter=route.adapter if route else None, placement=route.placement if route else None,
+            adapter=gen.adapter if gen else None, placement=route.placement if route else None,
             cache=cache.decision if cache else None, usage=usage,
             ttft_ms=gen.ttft_ms if gen else None, tpot_ms=gen.tpot_ms if gen else None)
         scores = {"unmasked": float(unmasked), "written_back": float(bool(side))}

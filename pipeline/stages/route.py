@@ -15,6 +15,7 @@ from pipeline.contracts import RequestDoc
 from pipeline.contracts.request import RouteSection
 from pipeline.engines.embedder import Embedder, ready_shared_embedder, vector_from_b64
 from pipeline.runtime.stage import Outcome, Stage, StageContext
+from pipeline.stages.adapters import AdapterRegistry
 from pipeline.stages.cache_policy import cache_text
 from pipeline.stages.route_policy import DeviceFlags, RoutePolicy, choose_route, place, score_routes, update_flags
 
@@ -31,12 +32,28 @@ def reused_vector(doc: RequestDoc, embedder: Embedder) -> np.ndarray | None:
     return vector_from_b64(c.query_embedding, embedder.dim)
 
 
+def pick_adapter(doc: RequestDoc, route_adapter: str | None, adapters: AdapterRegistry) -> tuple[str | None, str]:
+    """The adapter to run and why. A caller that names a registered adapter as its model gets it
+    (admit refuses it if the tenant may not use it); the route's own adapter is used only when the
+    tenant may use it, else the base model."""
+    asked = doc.body.model
+    if asked and asked in adapters.specs:
+        return asked, f"adapter {asked} requested by the caller"
+    if route_adapter is None:
+        return None, ""
+    refused = adapters.refusal(doc.tenant_id, route_adapter)
+    if refused is not None:
+        return None, f"base model: {refused[1]}"
+    return route_adapter, f"adapter {route_adapter}"
+
+
 class Router:
     """The policy plus the embedded exemplars; `decide` is deterministic for (input, policy, flags)."""
 
-    def __init__(self, policy: RoutePolicy, embedder: Embedder) -> None:
+    def __init__(self, policy: RoutePolicy, embedder: Embedder, adapters: AdapterRegistry | None = None) -> None:
         self.policy = policy
         self.embedder = embedder
+        self.adapters = adapters or AdapterRegistry()
         self.exemplars = {name: embedder.embed(r.exemplars) if r.exemplars else np.zeros((0, embedder.dim))
                           for name, r in policy.routes.items()}
         self.flags: dict[str, DeviceFlags] = {}
@@ -46,6 +63,9 @@ class Router:
         scores = score_routes(text, vec, self.exemplars, self.policy)
         name, reason = choose_route(scores, self.policy)
         route = self.policy.routes[name]
+        adapter, why = pick_adapter(doc, route.adapter, self.adapters)
+        if why:
+            reason = f"{reason}; {why}"
         flags = DeviceFlags()
         if doc.device_id:
             flags = self.flags[doc.device_id] = update_flags(self.flags.get(doc.device_id, DeviceFlags()),
@@ -53,7 +73,7 @@ class Router:
         else:
             flags = update_flags(flags, doc.device, now_ms, self.policy.placement)
         placement, placement_reason = place(flags, doc.device, doc.deadline_ms, now_ms, self.policy.placement)
-        return RouteSection(decision=name, reason=reason, model=route.model, adapter=route.adapter,
+        return RouteSection(decision=name, reason=reason, model=route.model, adapter=adapter,
                             deployments=route.deployments, fallbacks=route.fallbacks, scores=scores,
                             placement=placement, placement_reason=placement_reason,
                             policy_version=self.policy.version)
@@ -70,7 +90,9 @@ class RouteStage(Stage):
 
     async def start(self) -> None:
         embedder = await ready_shared_embedder()
-        self.router = await asyncio.to_thread(Router, self.policy, embedder)
+        adapters = AdapterRegistry(self.ctx.settings.adapters)
+        self.router = await asyncio.to_thread(Router, self.policy, embedder, adapters)
+        await self.follow_control(adapters.apply)  # adapters registered or re-stated while running
 
     def outcome(self, doc: RequestDoc, sec: RouteSection, reused: bool = False) -> Outcome:
         update: dict = {"route": sec}
@@ -81,7 +103,7 @@ class RouteStage(Stage):
                            scores={f"route.{k}": v for k, v in sec.scores.items()},
                            candidates=[sec.decision, *sec.fallbacks],
                            revisions={"embedding": self.router.embedder.revision if self.router else ""},
-                           labels={"embedding": "reused" if reused else "computed"})
+                           labels={"embedding": "reused" if reused else "computed", "adapter": sec.adapter or ""})
         placement_ev = self.evidence(doc, f"placement:{sec.placement}", sec.placement_reason)
         # evidence rows are keyed by (request_id, stage, attempt): the placement row is its own stage name
         placement_ev = placement_ev.model_copy(update={"stage": f"{self.name}.placement"})

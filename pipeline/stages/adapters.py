@@ -1,0 +1,108 @@
+"""The LoRA adapter registry: which adapters exist, for which base model, where their verified
+weights lie, who may use them, and how warm they are. From config plus `control` updates
+(`llmpipe adapters register|promote|demote`), like the tenant registry.
+
+Route picks an adapter only when the tenant may use it (otherwise the base model, and says why);
+a caller that names an adapter as its `model` gets it picked, and admit and generate refuse it
+(`adapter_forbidden`) when the tenant may not use it. Weights load only from allow-listed
+directories and only when their checksum matches the registry; anything else is `incompatible`
+and never served.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+from pydantic import BaseModel, Field
+
+from pipeline.contracts.adapter import ANY_TENANT, AdapterSpec
+
+class LoraSettings(BaseModel):
+    """Multi-LoRA serving. Adapters load only from `allowed_roots`, after checksum verification."""
+
+    enabled: bool = False
+    max_loras: int = Field(4, ge=1, description="adapters resident in the engine at once (hot)")
+    max_cpu_loras: int = Field(8, ge=1, description="adapters cached in CPU memory (warm)")
+    max_lora_rank: int = Field(16, ge=1)
+    allowed_roots: list[Path] = Field(default_factory=list)
+
+
+def adapter_digest(directory: Path) -> str:
+    """SHA-256 over the directory's files (sorted relative names and contents): one number for
+    config + weights, so a swapped or edited file is caught."""
+    h = hashlib.sha256()
+    for f in sorted(p for p in Path(directory).rglob("*") if p.is_file()):
+        h.update(str(f.relative_to(directory)).encode() + b"\0")
+        with open(f, "rb") as fh:
+            for block in iter(lambda: fh.read(1 << 20), b""):
+                h.update(block)
+        h.update(b"\0")
+    return h.hexdigest()
+
+
+def incompatibility(spec: AdapterSpec, lora: LoraSettings, base_revision: str | None = None,
+                    check_files: bool = True) -> str | None:
+    """Why this adapter must never be served here (None: it may)."""
+    roots = [r.expanduser().resolve() for r in lora.allowed_roots]
+    path = spec.path.expanduser().resolve()
+    if not any(path.is_relative_to(r) for r in roots):
+        return "path outside the allowed adapter roots"
+    if spec.rank > lora.max_lora_rank:
+        return f"rank {spec.rank} > max_lora_rank {lora.max_lora_rank}"
+    if base_revision and spec.base_revision and spec.base_revision != base_revision:
+        return f"trained on base revision {spec.base_revision}, the deployment serves {base_revision}"
+    if check_files:
+        if not (path / "adapter_config.json").is_file():
+            return "no adapter_config.json"
+        if adapter_digest(path) != spec.sha256:
+            return "checksum mismatch"
+    return None
+
+
+class AdapterRegistry:
+    """Adapters by name. Lookups replace whole entries (readers on other threads see old or new)."""
+
+    def __init__(self, specs: list[AdapterSpec] | None = None) -> None:
+        self.specs: dict[str, AdapterSpec] = {s.name: s for s in specs or []}
+
+    def apply(self, record: object) -> bool:
+        from pipeline.contracts.control import AdapterRegistered, AdapterStateChanged
+
+        if isinstance(record, AdapterRegistered):
+            self.specs[record.spec.name] = record.spec
+            return True
+        if isinstance(record, AdapterStateChanged):
+            spec = self.specs.get(record.name)
+            if spec is None:
+                return False
+            self.specs[record.name] = spec.model_copy(update={"state": record.state})
+            return True
+        return False
+
+    def refusal(self, tenant: str | None, name: str) -> tuple[str, str] | None:
+        """(error_class, reason) when `tenant` may not be served adapter `name`; None when it may."""
+        spec = self.specs.get(name)
+        if spec is None:
+            return "adapter_unavailable", f"adapter {name!r} is not registered"
+        if spec.state == "incompatible":
+            return "adapter_unavailable", f"adapter {name!r} is incompatible with this deployment"
+        if ANY_TENANT not in spec.tenants and (tenant or "") not in spec.tenants:
+            return "adapter_forbidden", f"tenant may not use adapter {name!r}"
+        return None
+
+
+def refuse_adapter(doc, registry: AdapterRegistry) -> tuple[str, str] | None:
+    """admit's and generate's check of the adapter route picked: (error_class, reason) to refuse it."""
+    adapter = doc.route.adapter if doc.route is not None else None
+    return None if adapter is None else registry.refusal(doc.tenant_id, adapter)
+
+
+def adapter_refusal(stage, doc, error_class: str, reason: str):
+    """The answer and evidence when a request's adapter may not run (the request never runs)."""
+    from pipeline.contracts import Response, Status
+    from pipeline.runtime.stage import Outcome
+
+    resp = Response(request_id=doc.request_id, status=Status.rejected, error_class=error_class, reason=reason,
+                    answered_by=stage.name)
+    ev = stage.evidence(doc, "refused", f"{error_class}: {reason}", labels={"adapter": doc.route.adapter or ""})
+    return Outcome.answer(doc, resp, ev)

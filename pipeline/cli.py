@@ -13,7 +13,6 @@ import io
 import logging
 import os
 import sys
-from collections import Counter
 from collections.abc import Callable
 from functools import wraps
 from pathlib import Path
@@ -996,7 +995,6 @@ def demo(data_dir: DataDir = Path(".llmpipe/demo"),
 
     from pipeline.demo import (MEANING, DemoImageServer, demo_config, demo_tenants, read_demo_traffic, send_traffic,
                                status_summary)
-    from pipeline.ingress.load import percentile
     from pipeline.report import build_report
     from pipeline.report_render import print_report, render_html
     from pipeline.stack import StackError, running_stack, start_detached, stop_stack
@@ -1034,15 +1032,8 @@ def demo(data_dir: DataDir = Path(".llmpipe/demo"),
             _time.sleep(1)
         doc = build_report(query, since)
         (d / "report.html").write_text(render_html(doc), encoding="utf-8")
+        summary = run.summary(round(_time.monotonic() - t0, 1), doc, d / "report.html")
         cats = run.by_category()
-        latencies = [x.ms for x in run.sent if x.status == 200]
-        summary = {"requests": len(run.sent), "seconds": round(_time.monotonic() - t0, 1),
-                   "statuses": {str(k): n for k, n in sorted(Counter(x.status for x in run.sent).items())},
-                   "latency_ok_ms": {f"p{q}": percentile(latencies, q) for q in (50, 95, 99)},
-                   "categories": {k: {"requests": v["requests"], "statuses": {str(c): n for c, n in v["statuses"].items()},
-                                      "codes": dict(v["codes"]), "cache_hits": v["cache_hits"]}
-                                  for k, v in cats.items()},
-                   "report_html": str(d / "report.html"), "report": doc}
         if json:
             _print_json(summary)
             return

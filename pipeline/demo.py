@@ -21,6 +21,7 @@ import orjson
 import yaml
 
 from pipeline.demo_images import DemoImageServer
+from pipeline.ingress.load import percentile
 from pipeline.stages.tenants import key_hash
 
 # what each traffic category demonstrates, for the closing table
@@ -82,6 +83,17 @@ class DemoRun:
                 c["codes"][s.code] += 1
             c["cache_hits"] += s.cache == "hit"
         return dict(out)
+
+    def summary(self, seconds: float, report: dict[str, Any], report_html: Path) -> dict[str, Any]:
+        """The run as one JSON document (`llmpipe demo --json`): statuses, latency, per category, the report."""
+        latencies = [x.ms for x in self.sent if x.status == 200]
+        return {"requests": len(self.sent), "seconds": seconds,
+                "statuses": {str(k): n for k, n in sorted(Counter(x.status for x in self.sent).items())},
+                "latency_ok_ms": {f"p{q}": percentile(latencies, q) for q in (50, 95, 99)},
+                "categories": {k: {"requests": v["requests"], "statuses": {str(c): n for c, n in v["statuses"].items()},
+                                   "codes": dict(v["codes"]), "cache_hits": v["cache_hits"]}
+                               for k, v in self.by_category().items()},
+                "report_html": str(report_html), "report": report}
 
     def reached_pipeline(self) -> int:
         """Requests published to Kafka (each gets a `requests` row); the door's own refusals are not."""

@@ -115,14 +115,14 @@ class RouteStage(Stage):
 
         def run() -> tuple[list[RouteSection], list[bool]]:
             vecs = [reused_vector(d, router.embedder) for d in docs]
+            reused = [v is not None for v in vecs]
             todo = [i for i, v in enumerate(vecs) if v is None]
             if todo:
                 for i, v in zip(todo, router.embedder.embed([route_text(docs[i]) for i in todo])):
                     vecs[i] = v
             now = int(time.time() * 1000)
             # the record's own creation time drives hysteresis, so a replay re-decides identically
-            return [router.decide(d, v, d.created_ms or now) for d, v in zip(docs, vecs)], \
-                [i not in set(todo) for i in range(len(docs))]
+            return [router.decide(d, v, d.created_ms or now) for d, v in zip(docs, vecs)], reused
 
         sections, reused = await asyncio.to_thread(run)
         return [self.outcome(d, s, r) for d, s, r in zip(docs, sections, reused)]

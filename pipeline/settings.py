@@ -103,6 +103,8 @@ class Deployment(BaseModel):
     images: bool = False
     json_schema: bool = False
     tools: bool = False
+    lora: bool = Field(False, description="serves the registry's LoRA adapters of its model (vllm engine, "
+                                          "with `lora.enabled`)")
     region: str = "local"
     cost_per_1k_input: float = Field(0.0, ge=0)
     cost_per_1k_output: float = Field(0.0, ge=0)
@@ -116,6 +118,8 @@ class Deployment(BaseModel):
     def _engine_fields(self) -> "Deployment":
         if self.engine == "openai" and not self.base_url:
             raise ValueError(f"deployment {self.name}: the openai engine needs base_url")
+        if self.lora and self.engine != "vllm":
+            raise ValueError(f"deployment {self.name}: only the vllm engine serves LoRA adapters here")
         return self
 
 

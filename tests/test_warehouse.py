@@ -41,7 +41,9 @@ def run(directory, mode: str) -> subprocess.CompletedProcess:
 def test_migrations_apply_twice_and_rows_dedupe(tmp_path):
     first = run(tmp_path / "wh", "fresh")
     assert first.returncode == 0, first.stderr
-    assert first.stdout.strip() == "ok 9"
+    from pipeline.stores.warehouse import migrations
+
+    assert first.stdout.strip() == f"ok {len(migrations())}"
     again = run(tmp_path / "wh", "again")  # a restart re-applies nothing and re-inserts dedupe
     assert again.returncode == 0, again.stderr
     assert again.stdout.strip() == "ok 0"

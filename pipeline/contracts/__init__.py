@@ -7,6 +7,7 @@ from pipeline.contracts.evidence import Evidence
 from pipeline.contracts.request import ChatMessage, ReplyTo, RequestDoc, StageTiming
 from pipeline.contracts.response import Response, Status, Usage
 from pipeline.contracts.rollout import Rollout
+from pipeline.contracts.weights import WeightEvent
 
 # topic value schema name (as in topics.yaml) -> model; JSON Schemas are generated from this map.
 WIRE_MODELS = {
@@ -14,6 +15,7 @@ WIRE_MODELS = {
     "response": Response,
     "evidence": Evidence,
     "rollout": Rollout,
+    "weight_event": WeightEvent,
     "dlq": DlqRecord,
     "control": ControlRecord,
     "admit_release": AdmitRelease,
@@ -39,4 +41,5 @@ __all__ = [
     "StageTiming",
     "Status",
     "Usage",
+    "WeightEvent",
 ]

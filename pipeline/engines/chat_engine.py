@@ -5,7 +5,10 @@ whose class says whether another attempt can help."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
+
+if TYPE_CHECKING:
+    from pipeline.contracts.adapter import AdapterSpec
 
 
 @dataclass
@@ -30,6 +33,7 @@ class Generation:
     e2e_ms: float = 0.0
     model_revision: str = ""
     engine_queue_ms: float | None = None  # waiting in the engine's scheduler before the first step
+    adapter: str | None = None  # "name@revision" of the LoRA adapter applied (None: the base model)
 
     @property
     def tpot_ms(self) -> float | None:
@@ -53,7 +57,7 @@ class ChatEngine(Protocol):
     async def stop(self) -> None: ...
 
     async def generate(self, messages: list[dict[str, str]], sampling: Sampling,
-                       request_id: str | None = None) -> Generation: ...
+                       request_id: str | None = None, adapter: "AdapterSpec | None" = None) -> Generation: ...
 
 
 def chat_prompt_ids(tokenizer, messages: list[dict[str, str]]) -> list[int]:

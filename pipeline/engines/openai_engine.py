@@ -15,6 +15,7 @@ from typing import Any
 import httpx
 import orjson
 
+from pipeline.contracts.adapter import AdapterSpec
 from pipeline.engines.chat_engine import EngineError, Generation, Sampling
 
 
@@ -68,9 +69,11 @@ class OpenAIEngine:
         return body
 
     async def generate(self, messages: list[dict[str, str]], sampling: Sampling,
-                       request_id: str | None = None) -> Generation:
+                       request_id: str | None = None, adapter: AdapterSpec | None = None) -> Generation:
         if self.client is None:
             raise EngineError("engine_dead", "the engine is not started")
+        if adapter is not None:  # candidates() never sends one here (Deployment.lora is vllm-only)
+            raise EngineError("adapter_unavailable", "this engine does not serve LoRA adapters")
         headers = {"X-Request-Id": request_id} if request_id else {}
         t0 = time.perf_counter()
         try:

@@ -12,7 +12,11 @@ import time
 import uuid
 from pathlib import Path
 
+from pipeline.contracts.adapter import AdapterSpec
 from pipeline.engines.chat_engine import EngineError, Generation, Sampling, chat_prompt_ids
+from pipeline.stages.adapters import LoraSettings
+
+ZERO_ADAPTER_ID = 1  # vLLM's id of the all-zero adapter base requests run through while LoRA is on
 
 
 def configure_cpu_env(cache_dir: Path) -> None:
@@ -33,7 +37,8 @@ class VllmEngine:
     """`await VllmEngine(dir).start()`, then `await generate(messages, Sampling(...))`."""
 
     def __init__(self, model_dir: Path, *, revision: str, cache_dir: Path, dtype: str = "bfloat16",
-                 max_model_len: int = 2048, max_num_seqs: int = 8, profiler_dir: Path | None = None) -> None:
+                 max_model_len: int = 2048, max_num_seqs: int = 8, profiler_dir: Path | None = None,
+                 lora: LoraSettings | None = None, adapters_dir: Path | None = None) -> None:
         self.model_dir = Path(model_dir)
         self.revision = revision
         self.cache_dir = Path(cache_dir)
@@ -43,6 +48,11 @@ class VllmEngine:
         self.profiler_dir = profiler_dir  # set: start_profile/stop_profile write torch traces there
         self.engine = None
         self.tokenizer = None
+        # LoRA: adapters are served through vLLM's LoRARequest; base requests through the zero adapter
+        self.lora = lora if lora is not None and lora.enabled else None
+        self.adapters_dir = adapters_dir or self.cache_dir / "adapters"
+        self._zero = None
+        self._lora_ids: dict[tuple[str, str], int] = {}
 
     async def start(self) -> "VllmEngine":
         configure_cpu_env(self.cache_dir)
@@ -69,12 +79,46 @@ class VllmEngine:
 
             extra["profiler_config"] = ProfilerConfig(profiler="torch", torch_profiler_dir=str(self.profiler_dir),
                                                       torch_profiler_with_stack=False, ignore_frontend=True)
+        if self.lora is not None:
+            import asyncio
+
+            from vllm.lora.request import LoRARequest
+
+            from pipeline.engines.lora_factory import zero_adapter
+
+            path = await asyncio.to_thread(zero_adapter, self.model_dir, self.adapters_dir, self.revision)
+            self._zero = LoRARequest("_base-zero", ZERO_ADAPTER_ID, str(path))
+            # one slot more than configured on each tier: the zero adapter is always resident
+            extra.update(enable_lora=True, max_loras=self.lora.max_loras + 1,
+                         max_cpu_loras=self.lora.max_cpu_loras + 1, max_lora_rank=self.lora.max_lora_rank)
         args = AsyncEngineArgs(model=str(self.model_dir), dtype=self.dtype, max_model_len=self.max_model_len,
                                enforce_eager=True, max_num_seqs=self.max_num_seqs, seed=0, disable_log_stats=True,
                                **extra)
         self.engine = AsyncLLM.from_engine_args(args, stat_loggers=[PerRequestStatsOnly])
         self.tokenizer = self.engine.get_tokenizer()
+        if self._zero is not None:
+            await self.engine.add_lora(self._zero)
         return self
+
+    def _lora_request(self, spec: AdapterSpec):
+        from vllm.lora.request import LoRARequest
+
+        key = (spec.name, spec.revision)  # a new revision is a new adapter to vLLM: no stale weights
+        if key not in self._lora_ids:
+            self._lora_ids[key] = ZERO_ADAPTER_ID + 1 + len(self._lora_ids)
+        return LoRARequest(f"{spec.name}@{spec.revision}", self._lora_ids[key], str(spec.path))
+
+    async def load_adapter(self, spec: AdapterSpec) -> float:
+        """Load `spec` into the engine's CPU cache (cold → warm) and return the milliseconds it took.
+        The caller verified the files (AdapterRegistry/incompatibility) just before."""
+        if self.engine is None or self.lora is None:
+            raise EngineError("adapter_unavailable", "this engine does not serve LoRA adapters")
+        t0 = time.perf_counter()
+        try:
+            await self.engine.add_lora(self._lora_request(spec))
+        except Exception as exc:  # noqa: BLE001 - vLLM raises plain errors for bad adapter files
+            raise EngineError("adapter_unavailable", f"adapter {spec.name} did not load: {exc}") from exc
+        return (time.perf_counter() - t0) * 1000
 
     async def start_profile(self) -> None:
         assert self.engine is not None and self.profiler_dir is not None, "start() with a profiler_dir first"
@@ -94,13 +138,16 @@ class VllmEngine:
         return chat_prompt_ids(self.tokenizer, messages)
 
     async def generate(self, messages: list[dict[str, str]], sampling: Sampling,
-                       request_id: str | None = None) -> Generation:
+                       request_id: str | None = None, adapter: AdapterSpec | None = None) -> Generation:
         from vllm import SamplingParams, TokensPrompt
         from vllm.sampling_params import StructuredOutputsParams
         from vllm.v1.engine.exceptions import EngineDeadError
 
         if self.engine is None:
             raise EngineError("engine_dead", "the engine is not running")
+        if adapter is not None and self.lora is None:
+            raise EngineError("adapter_unavailable", "this engine does not serve LoRA adapters")
+        lora_request = self._zero if adapter is None else self._lora_request(adapter)
         ids = self.prompt_ids(messages)
         if len(ids) >= self.max_model_len:
             raise EngineError("context_too_long", f"prompt of {len(ids)} tokens >= context {self.max_model_len}")
@@ -117,7 +164,8 @@ class VllmEngine:
         itl: list[float] = []
         final = None
         try:
-            async for out in self.engine.generate(prompt, params, request_id=request_id or uuid.uuid4().hex):
+            async for out in self.engine.generate(prompt, params, request_id=request_id or uuid.uuid4().hex,
+                                                 lora_request=lora_request):
                 now = time.perf_counter()
                 if out.outputs and out.outputs[0].token_ids:
                     if first is None:
@@ -142,4 +190,5 @@ class VllmEngine:
         return Generation(engine_queue_ms=queue_ms, text=c.text, prompt_token_ids=list(final.prompt_token_ids or ids),
                           token_ids=[int(t) for t in c.token_ids], logprobs=logprobs,
                           finish_reason=str(c.finish_reason), ttft_ms=((first or end) - t0) * 1000, itl_ms=itl,
-                          e2e_ms=(end - t0) * 1000, model_revision=self.revision)
+                          e2e_ms=(end - t0) * 1000, model_revision=self.revision,
+                          adapter=None if adapter is None else f"{adapter.name}@{adapter.revision}")

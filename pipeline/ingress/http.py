@@ -71,6 +71,7 @@ class FrontDoor:
         self.follower: ControlFollower | None = None
         self._last_recheck = 0.0
         self._token_text: Callable[[int], str] | None = None
+        self._tokenizer_lock = asyncio.Lock()  # concurrent first callers wait for one load
         self._tokenizer_tried = False
         self.ready = False
         self.app = self._build_app()
@@ -131,17 +132,21 @@ class FrontDoor:
 
     async def token_text(self) -> Callable[[int], str]:
         """Spell a token id: the served model's tokenizer, or `<id>` when it cannot be loaded here."""
-        if self._token_text is None and not self._tokenizer_tried:
-            self._tokenizer_tried = True
-            if self.settings.http.tokenizer:
-                try:
-                    from pipeline.engines.tokenizer import load_chat_tokenizer
-
-                    tok = await asyncio.to_thread(load_chat_tokenizer, self.settings)
-                    self._token_text = lambda tid: tok.decode([tid])
-                except Exception as exc:  # noqa: BLE001 - logprobs still work, spelled as ids
-                    log.warning("front door: no tokenizer for logprob tokens (%s); showing ids", type(exc).__name__)
+        async with self._tokenizer_lock:
+            if self._token_text is None and not self._tokenizer_tried:
+                await self._load_tokenizer()
         return self._token_text or (lambda tid: f"<{tid}>")
+
+    async def _load_tokenizer(self) -> None:
+        self._tokenizer_tried = True
+        if self.settings.http.tokenizer:
+            try:
+                from pipeline.engines.tokenizer import load_chat_tokenizer
+
+                tok = await asyncio.to_thread(load_chat_tokenizer, self.settings)
+                self._token_text = lambda tid: tok.decode([tid])
+            except Exception as exc:  # noqa: BLE001 - logprobs still work, spelled as ids
+                log.warning("front door: no tokenizer for logprob tokens (%s); showing ids", type(exc).__name__)
 
     async def chat_completions(self, request: Request) -> HttpResponse:
         t0 = time.perf_counter()

@@ -27,6 +27,7 @@ class Needs:
     images: bool = False
     json_schema: bool = False
     tools: bool = False
+    adapter_of: str | None = None  # a LoRA adapter of this base model must be applied
     regions: frozenset[str] | None = None  # data residency: None = anywhere
     max_cost_usd: float | None = None
     expected_output_tokens: int = 256
@@ -46,6 +47,8 @@ def incompatibility(d: Deployment, needs: Needs) -> str | None:
         return "no JSON-schema output"
     if needs.tools and not d.tools:
         return "no tool calling"
+    if needs.adapter_of is not None and not (d.lora and d.model == needs.adapter_of):
+        return f"serves no LoRA adapters of {needs.adapter_of}"
     if needs.regions is not None and d.region not in needs.regions:
         return f"region {d.region} outside {sorted(needs.regions)}"
     if needs.max_cost_usd is not None and estimated_cost(d, needs) > needs.max_cost_usd:
@@ -78,7 +81,7 @@ def candidates(deployments: list[Deployment], preferred: list[str], needs: Needs
 # ---- errors and the retry budget ---------------------------------------------------------------
 
 RETRYABLE = {"connection_refused", "connection_reset", "timeout", "overloaded", "engine_dead", "server_error"}
-NON_RETRYABLE = {"context_too_long", "invalid_request", "content_policy", "unauthorized"}
+NON_RETRYABLE = {"context_too_long", "invalid_request", "content_policy", "unauthorized", "adapter_unavailable"}
 
 
 class RetryPolicy(BaseModel):

@@ -21,15 +21,18 @@ from pathlib import Path
 
 from pydantic import BaseModel, Field
 
-from pipeline.contracts import BreakerUpdate, Evidence, RequestDoc, Response, Status
+from pipeline.contracts import BreakerUpdate, Evidence, RequestDoc, Response, Status, WeightEvent
+from pipeline.contracts.adapter import AdapterSpec
 from pipeline.contracts.base import now_ms
+from pipeline.contracts.control import AdapterStateChanged
 from pipeline.contracts.request import GenerationSection
 from pipeline.engines.chat_engine import ChatEngine, EngineError, Generation, Sampling, chat_prompt_ids
 from pipeline.engines.model_prep import resolve
 from pipeline.engines.tokenizer import load_chat_tokenizer
-from pipeline.runtime.stage import Outcome, Stage, StageContext
+from pipeline.runtime.stage import Outcome, SideRecord, Stage, StageContext
 from pipeline.settings import Deployment
-from pipeline.stages.adapters import AdapterRegistry, adapter_refusal, refuse_adapter
+from pipeline.stages.adapter_residency import AdapterResidency
+from pipeline.stages.adapters import AdapterRegistry, adapter_refusal, incompatibility, refuse_adapter
 from pipeline.stages.deployments import (
     RETRYABLE,
     Breaker,
@@ -42,6 +45,7 @@ from pipeline.stages.deployments import (
     estimated_cost,
     next_step,
 )
+from pipeline.stages.fair_gate import FairGate
 
 log = logging.getLogger(__name__)
 NO_DEADLINE_MS = 10**9
@@ -54,6 +58,8 @@ class GeneratePolicy(BaseModel):
     prefer: list[str] = Field(default_factory=list, description="deployment order when route names none")
     retry: RetryPolicy = Field(default_factory=RetryPolicy)
     breaker: BreakerPolicy = Field(default_factory=BreakerPolicy)
+    adapter_token_budget: int = Field(2048, ge=1, description="tokens (prompt + max_tokens) one adapter may have "
+                                                              "in the engine while another adapter's requests wait")
 
 
 def sampling_for(doc: RequestDoc, policy: GeneratePolicy) -> Sampling:
@@ -64,16 +70,18 @@ def sampling_for(doc: RequestDoc, policy: GeneratePolicy) -> Sampling:
                     json_schema=b.output_schema())
 
 
-def needs_for(doc: RequestDoc, prompt_tokens: int, sampling: Sampling) -> Needs:
+def needs_for(doc: RequestDoc, prompt_tokens: int, sampling: Sampling, adapter: AdapterSpec | None = None) -> Needs:
     c = doc.context
     return Needs(context_tokens=prompt_tokens, expected_output_tokens=sampling.max_tokens,
+                 adapter_of=None if adapter is None else adapter.base_model,
                  # described by vision, the images reach a text-only model as text
                  images=bool(doc.body.images) and not (doc.vision and doc.vision.description),
                  json_schema=sampling.json_schema is not None,
                  regions=frozenset(c.residency) if c.residency is not None else None, max_cost_usd=c.max_cost_usd)
 
 
-def section_from(g: Generation, d: Deployment, *, attempts: int, fallback_from: list[str]) -> GenerationSection:
+def section_from(g: Generation, d: Deployment, *, attempts: int, fallback_from: list[str],
+                 adapter: str | None = None) -> GenerationSection:
     tokens_in, tokens_out = len(g.prompt_token_ids), len(g.token_ids)
     cost = (tokens_in * d.cost_per_1k_input + tokens_out * d.cost_per_1k_output) / 1000
     return GenerationSection(
@@ -84,7 +92,7 @@ def section_from(g: Generation, d: Deployment, *, attempts: int, fallback_from: 
         itl_p50_ms=round(statistics.median(g.itl_ms), 2) if g.itl_ms else None,
         itl_max_ms=round(max(g.itl_ms), 2) if g.itl_ms else None,
         engine_queue_ms=None if g.engine_queue_ms is None else round(g.engine_queue_ms, 2),
-        attempts=attempts, fallback_from=fallback_from, cost_usd=round(cost, 8))
+        attempts=attempts, fallback_from=fallback_from, cost_usd=round(cost, 8), adapter=adapter)
 
 
 def build_engine(d: Deployment, *, default_model_dir: Path, default_revision: str, ctx: StageContext,
@@ -101,7 +109,15 @@ def build_engine(d: Deployment, *, default_model_dir: Path, default_revision: st
         resolve(s.resolved_data_dir(), d.model_dir, s.engine.dtype)
     revision = d.revision or revision
     return VllmEngine(model_dir, revision=revision, cache_dir=s.resolved_data_dir() / "cache", dtype=s.engine.dtype,
-                      max_model_len=min(d.max_context, s.engine.max_model_len), max_num_seqs=s.engine.max_num_seqs)
+                      max_model_len=min(d.max_context, s.engine.max_model_len), max_num_seqs=s.engine.max_num_seqs,
+                      lora=s.lora if d.lora else None, adapters_dir=s.resolved_data_dir() / "adapters")
+
+
+def gate_for(d: Deployment, ctx: StageContext, policy: GeneratePolicy) -> FairGate:
+    """A LoRA deployment admits no more than the engine batches at once, so the gate (not vLLM's
+    arrival-order queue) decides which adapter runs next."""
+    capacity = min(d.concurrency, ctx.settings.engine.max_num_seqs) if d.lora else d.concurrency
+    return FairGate(capacity, policy.adapter_token_budget)
 
 
 @dataclass
@@ -110,6 +126,7 @@ class _Attempts:
 
     doc: RequestDoc
     rows: list[Evidence] = field(default_factory=list)
+    side: list[SideRecord] = field(default_factory=list)  # weight_events of adapter moves it caused
     failures: list[str] = field(default_factory=list)  # "deployment:error_class"
     tried: list[str] = field(default_factory=list)
     started: float = field(default_factory=time.perf_counter)
@@ -124,7 +141,10 @@ class GenerateStage(Stage):
         super().__init__(ctx)
         self.deployments: list[Deployment] = list(ctx.settings.deployments)
         self.engines: dict[str, ChatEngine] = {}
-        self.slots: dict[str, asyncio.Semaphore] = {d.name: asyncio.Semaphore(d.concurrency) for d in self.deployments}
+        self.gates: dict[str, FairGate] = {d.name: gate_for(d, ctx, self.policy) for d in self.deployments}
+        lora = ctx.settings.lora
+        self.residency = {d.name: AdapterResidency(lora.max_loras, lora.max_cpu_loras) for d in self.deployments}
+        self._loading: dict[tuple[str, str], asyncio.Lock] = {}
         self.breakers: dict[str, Breaker] = {d.name: Breaker() for d in self.deployments}
         self.adapters = AdapterRegistry(ctx.settings.adapters)
         self.tokenizer = None
@@ -185,6 +205,49 @@ class GenerateStage(Stage):
         self.breakers[name] = after
         await self._breaker_changed(name, before, after, reason)
 
+    # ---- LoRA adapters ---------------------------------------------------------------------------
+
+    async def _prepare_adapter(self, a: "_Attempts", d: Deployment, spec: AdapterSpec) -> tuple[str, float]:
+        """Make `spec` resident in `d`'s engine: verify and load it when cold, activate it. Returns its
+        state before this request and the load time (0 unless it was cold). Every move is evidence
+        (`generate.adapter`) and a `weight_events` row. Raises EngineError(adapter_unavailable) when
+        the files fail verification; the registry then marks it incompatible for every worker."""
+        key = f"{spec.name}@{spec.revision}"
+        residency, engine = self.residency[d.name], self.engines[d.name]
+        async with self._loading.setdefault((d.name, key), asyncio.Lock()):
+            before = residency.state(key)
+            load_ms, moves = 0.0, []
+            if before == "cold":
+                why = await asyncio.to_thread(incompatibility, spec, self.ctx.settings.lora, engine.revision)
+                if why is not None:
+                    await self._mark_incompatible(spec, why)
+                    raise EngineError("adapter_unavailable", f"adapter {spec.name} refused: {why}")
+                load_ms = await engine.load_adapter(spec)  # type: ignore[attr-defined]
+                moves += residency.loaded(key)
+            moves += residency.used(key)
+        for t in moves:
+            took = load_ms if t.label == "cold->warm" and t.key == key else None
+            ev = self.evidence(a.doc, t.label, f"{t.key} {t.label} on {d.name}", candidates=[d.name],
+                               labels={"adapter": t.key, "from": t.before, "to": t.after},
+                               scores={"load_ms": round(took, 2)} if took is not None else {})
+            a.rows.append(ev.model_copy(update={"stage": f"{self.name}.adapter", "step": len(a.rows) + 1}))
+            name, _, revision = t.key.partition("@")
+            a.side.append(SideRecord("weight_events", name.encode(), WeightEvent(
+                replica=f"{self.member}/{d.name}", kind="adapter", name=name, revision=revision,
+                transition=t.label, duration_ms=took, request_id=a.doc.request_id,
+                detail="loaded into the CPU cache" if took is not None else "")))
+        return before, load_ms
+
+    async def _mark_incompatible(self, spec: AdapterSpec, why: str) -> None:
+        change = AdapterStateChanged(name=spec.name, state="incompatible", reason=why)
+        self.adapters.apply(change)
+        if self.follower is not None:
+            try:
+                await self.follower.publish(change, key=f"adapter:{spec.name}".encode())
+            except Exception as exc:  # noqa: BLE001 - this worker refuses it anyway
+                log.warning("generate: could not publish adapter %s as incompatible: %s", spec.name,
+                            type(exc).__name__)
+
     # ---- one request -----------------------------------------------------------------------------
 
     def _row(self, a: _Attempts, decision: str, reason: str, deployment: str, **fields) -> None:
@@ -197,7 +260,9 @@ class GenerateStage(Stage):
                               scores={"attempts": float(len(a.tried)), "added_latency_ms": round(added, 2)})
         resp = Response(request_id=a.doc.request_id, status=status, error_class=error_class, reason=reason,
                         answered_by=self.name)
-        return Outcome.answer(a.doc, resp, *a.rows, final)
+        out = Outcome.answer(a.doc, resp, *a.rows, final)
+        out.side = a.side
+        return out
 
     async def _one(self, doc: RequestDoc) -> Outcome:
         refused = refuse_adapter(doc, self.adapters)  # admit checked it too: a tenant's adapter never runs unchecked
@@ -208,7 +273,10 @@ class GenerateStage(Stage):
         a = _Attempts(doc)
         messages = doc.chat_messages()
         sampling = sampling_for(doc, p)
-        needs = needs_for(doc, len(chat_prompt_ids(self.tokenizer, messages)), sampling)
+        spec = self.adapters.specs.get(doc.route.adapter) if doc.route and doc.route.adapter else None
+        prompt_tokens = len(chat_prompt_ids(self.tokenizer, messages))
+        needs = needs_for(doc, prompt_tokens, sampling, spec)
+        lane = "" if spec is None else spec.name
         if doc.admission and doc.admission.deployments:  # admit counted it against these limits
             preferred, strict = list(doc.admission.deployments), True
         elif doc.route and doc.route.deployments:
@@ -235,12 +303,15 @@ class GenerateStage(Stage):
             attempt += 1
             a.tried.append(d.name)
             t0 = time.perf_counter()
+            adapter_before, load_ms, waited = "", 0.0, 0.0
             try:
-                async with self.slots[d.name]:
-                    timeout_s = min(p.retry.attempt_timeout_ms, remaining) / 1000
+                async with self.gates[d.name].slot(lane, prompt_tokens + sampling.max_tokens) as waited:
+                    if spec is not None:
+                        adapter_before, load_ms = await self._prepare_adapter(a, d, spec)
+                    timeout_s = max(0.001, min(p.retry.attempt_timeout_ms, remaining) / 1000 - load_ms / 1000)
                     try:
-                        g = await asyncio.wait_for(self.engines[d.name].generate(messages, sampling, doc.request_id),
-                                                   timeout_s)
+                        g = await asyncio.wait_for(self.engines[d.name].generate(messages, sampling, doc.request_id,
+                                                                                 adapter=spec), timeout_s)
                     except TimeoutError:
                         raise EngineError("timeout", f"no answer within {timeout_s:.1f} s") from None
             except EngineError as exc:
@@ -254,7 +325,7 @@ class GenerateStage(Stage):
                 self._row(a, "failed", f"{exc.error_class}; next: {step.action} ({step.reason})", d.name,
                           scores={"latency_ms": round(ms, 2), "wait_ms": float(step.wait_ms), "attempt": float(attempt)})
                 if step.action == "give_up":
-                    return self._failed(a, exc.error_class, f"{', '.join(a.failures)}; {step.reason}")
+                    return self._failed(a, exc.error_class, f"{', '.join(a.failures)} ({exc}); {step.reason}")
                 if step.action == "fallback":
                     i += 1
                 else:
@@ -262,8 +333,10 @@ class GenerateStage(Stage):
                 continue
             await self._record(d.name, True, "success")
             ms = (time.perf_counter() - t0) * 1000
-            sec = section_from(g, d, attempts=attempt, fallback_from=[n for n in a.tried[:-1]])
-            self._row(a, "ok", sec.finish_reason, d.name, revisions={"model": sec.model_revision},
+            sec = section_from(g, d, attempts=attempt, fallback_from=[n for n in a.tried[:-1]],
+                               adapter=None if spec is None else spec.name)
+            revisions = {"model": sec.model_revision, **({"adapter": spec.revision} if spec is not None else {})}
+            self._row(a, "ok", sec.finish_reason, d.name, revisions=revisions,
                       scores={"latency_ms": round(ms, 2), "tokens_in": float(sec.tokens_in),
                               "tokens_out": float(sec.tokens_out), "attempt": float(attempt)})
             doc = doc.model_copy(update={"generation": sec})
@@ -276,13 +349,17 @@ class GenerateStage(Stage):
                                           "estimated_cost_usd": estimated_cost(d, needs),
                                           **({"tpot_ms": sec.tpot_ms} if sec.tpot_ms else {}),
                                           **({"engine_queue_ms": sec.engine_queue_ms}
-                                             if sec.engine_queue_ms is not None else {})},
-                                  candidates=a.tried, revisions={"model": sec.model_revision},
-                                  # LoRA execution is not wired yet: an authorised adapter route picked
-                                  # runs on the base model, and the row says so
+                                             if sec.engine_queue_ms is not None else {}),
+                                          # time in the fair gate behind other adapters' work, and a cold
+                                          # adapter's load: both before the engine saw the request
+                                          "gate_wait_ms": round(waited, 2), "adapter_load_ms": round(load_ms, 2)},
+                                  candidates=a.tried, revisions=revisions,
                                   labels={"adapter_requested": (doc.route.adapter if doc.route else None) or "",
-                                          "adapter_applied": sec.adapter or ""})
-            return Outcome.forward(doc, *a.rows, final)
+                                          "adapter_applied": sec.adapter or "",
+                                          **({"adapter_state": adapter_before} if spec is not None else {})})
+            out = Outcome.forward(doc, *a.rows, final)
+            out.side = a.side
+            return out
         return self._failed(a, "all_deployments_unavailable",
                             f"{', '.join(a.failures) or 'no attempt'}; every compatible deployment is failing or "
                             "its circuit breaker is open")

@@ -5,7 +5,7 @@ from __future__ import annotations
 from datetime import datetime, timezone
 from typing import Any
 
-from pipeline.contracts import DlqRecord, Evidence, Response, Rollout
+from pipeline.contracts import DlqRecord, Evidence, Response, Rollout, WeightEvent
 
 
 def _ts(ms: int | None) -> datetime:
@@ -65,6 +65,16 @@ def rollout_row(r: Rollout) -> list[Any]:
         r.batch_context, r.prompt_token_ids, r.generated_token_ids, r.logprobs, r.finish_reason, r.score,
         _ts(r.created_ms), r.replay_id,
     ]
+
+
+WEIGHT_EVENTS_COLUMNS = [
+    "event_id", "replica", "kind", "name", "revision", "transition", "detail", "duration_ms", "request_id", "at",
+]
+
+
+def weight_event_row(w: WeightEvent) -> list[Any]:
+    return [w.event_id, w.replica, w.kind, w.name, w.revision, w.transition, w.detail, w.duration_ms,
+            w.request_id, _ts(w.at_ms)]
 
 
 DEAD_LETTERS_COLUMNS = [

@@ -18,7 +18,7 @@ from typing import Any
 from aiokafka import AIOKafkaProducer
 from pydantic import BaseModel
 
-from pipeline.contracts import DlqRecord, Evidence, Response, Rollout
+from pipeline.contracts import DlqRecord, Evidence, Response, Rollout, WeightEvent
 from pipeline.runtime.codec import decode, encode
 from pipeline.runtime.dlq import dead_letter
 from pipeline.runtime.errors import DecodeError
@@ -39,6 +39,7 @@ _ROUTES: dict[str, tuple[type[BaseModel], str, list[str], Callable[[Any], list[A
     "evidence": (Evidence, "decisions", rows.DECISIONS_COLUMNS, rows.decision_row),
     "responses": (Response, "requests", rows.REQUESTS_COLUMNS, rows.request_row),
     "rollouts": (Rollout, "rollouts", rows.ROLLOUTS_COLUMNS, rows.rollout_row),
+    "weight_events": (WeightEvent, "weight_events", rows.WEIGHT_EVENTS_COLUMNS, rows.weight_event_row),
     "dlq": (DlqRecord, "dead_letters", rows.DEAD_LETTERS_COLUMNS, rows.dead_letter_row),
 }
 

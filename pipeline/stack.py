@@ -293,8 +293,28 @@ def start_detached(argv: list[str], data_dir: Path, timeout_s: float = 180.0) ->
             tail = (logs / "stack.log").read_text(errors="replace").strip().splitlines()[-5:]
             raise StackError(f"llmpipe up exited with {proc.returncode}: " + " | ".join(tail))
         time.sleep(0.1)
-    proc.terminate()
+    _stop_group(proc)  # nothing half-started may outlive the failed start
     raise StackError(f"the stack was not ready within {timeout_s:.0f}s; see {logs / 'stack.log'}")
+
+
+def _stop_group(proc: subprocess.Popen, grace_s: float = 30.0) -> None:
+    """SIGTERM the supervisor's whole process group (workers, engines), SIGKILL what is left after `grace_s`."""
+    for sig, wait_s in ((signal.SIGTERM, grace_s), (signal.SIGKILL, 5.0)):
+        try:
+            os.killpg(proc.pid, sig)
+        except ProcessLookupError:
+            return
+        try:
+            proc.wait(wait_s)
+        except subprocess.TimeoutExpired:
+            continue
+        try:  # the supervisor is gone; give its children the rest of the grace period
+            deadline = time.monotonic() + wait_s
+            while time.monotonic() < deadline:
+                os.killpg(proc.pid, 0)
+                time.sleep(0.2)
+        except ProcessLookupError:
+            return
 
 
 def stop_stack(data_dir: Path, timeout_s: float = 90.0) -> StackInfo | None:

@@ -125,6 +125,36 @@ class RouteSection(WireModel):
     policy_version: str
 
 
+class HookSpec(WireModel):
+    """A registered verifier or reward function (pipeline/stages/rewards.py) and its arguments."""
+
+    name: str = Field(min_length=1, max_length=128)
+    args: dict[str, Any] = Field(default_factory=dict)
+
+
+class RolloutRequest(WireModel):
+    """An RL producer's request for `n` samples of one prompt (request kind `rollout`). Each sample
+    becomes a `rollouts` row with its provenance; the caller's answer summarises them."""
+
+    group_id: str = Field(min_length=1, max_length=128, description="samples compared with each other (GRPO group)")
+    n: int = Field(1, ge=1, le=64)
+    prompt_dataset_revision: str = Field("", max_length=128)
+    actor_revision: str | None = Field(None, max_length=256,
+                                       description="sample only from this actor revision; refuse otherwise")
+    verifier: HookSpec | None = None
+    reward: HookSpec | None = None
+    reference_revision: str = Field("", max_length=128, description="the reference policy the trainer will use")
+
+
+class SampleSummary(WireModel):
+    sample_id: str
+    text: str
+    tokens_out: int
+    finish_reason: str
+    verified: bool | None = None
+    score: float | None = None
+
+
 class GenerationSection(WireModel):
     """Filled by generate: what the model produced and what it cost, on which deployment."""
 
@@ -147,6 +177,8 @@ class GenerationSection(WireModel):
     attempts: int = Field(1, description="engine attempts, across retries and fallbacks")
     fallback_from: list[str] = Field(default_factory=list, description="deployments tried before this one")
     cost_usd: float = 0.0
+    actor_revision: str = Field("", description="the weights that produced it: model revision (+ adapter@revision)")
+    samples: list[SampleSummary] = Field(default_factory=list, description="rollouts: every sample, scored")
 
 
 class AdmissionSection(WireModel):
@@ -250,6 +282,7 @@ class RequestDoc(WireModel):
     reply_to: ReplyTo | None = None
     body: ChatBody
     context: RequestContext = Field(default_factory=RequestContext)
+    rollout: RolloutRequest | None = Field(None, description="set: an RL rollout request (n scored samples)")
     # stage sections, in pipeline order
     masking: MaskingSection | None = None
     cache: CacheSection | None = None

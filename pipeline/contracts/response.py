@@ -8,6 +8,7 @@ from typing import Literal
 from pydantic import Field
 
 from pipeline.contracts.base import WireModel, now_ms
+from pipeline.contracts.request import SampleSummary
 
 RESPONSE_SCHEMA = "response/v1"
 
@@ -68,6 +69,9 @@ class Response(WireModel):
     replay_id: str = ""
     duplicate_of: str | None = Field(None, description="idempotency: the request whose result this is")
     images: list[ImageShape] = Field(default_factory=list, description="the request's images as media decoded them")
+    actor_revision: str | None = Field(None, description="rollouts: the weights that produced the samples")
+    samples: list[SampleSummary] = Field(default_factory=list, description="rollouts: every sample, scored "
+                                                                             "(token ids and logprobs: `rollouts`)")
 
     @property
     def e2e_ms(self) -> float | None:

@@ -92,7 +92,11 @@ async def run_load(
     timeout_s: float,
     api_key: str | None = None,
     on_done: Callable[[], None] | None = None,
+    to_doc: Callable[[TrafficLine], RequestDoc] | None = None,
+    on_response: Callable[[Response], None] | None = None,
 ) -> LoadSummary:
+    """Send every line (at `rate` per second, at most `concurrency` waiting) and count the answers.
+    `to_doc` builds a line's request (default: an OpenAI chat body); `on_response` sees each answer."""
     summary = LoadSummary()
     slots = asyncio.Semaphore(concurrency)
     start = time.monotonic()
@@ -100,7 +104,7 @@ async def run_load(
     async def one(i: int, line: TrafficLine) -> None:
         try:
             try:
-                doc = _to_doc(client, line, timeout_s, api_key)
+                doc = to_doc(line) if to_doc is not None else _to_doc(client, line, timeout_s, api_key)
             except (BodyError, ValidationError) as exc:
                 reason = describe_validation_error(exc) if isinstance(exc, ValidationError) else str(exc)
                 summary.invalid_lines.append(InvalidLine(line.line_no, reason))
@@ -113,6 +117,8 @@ async def run_load(
                 if resp.error_class:
                     summary.by_error_class[resp.error_class] += 1
                 summary.latencies_ms.append((time.monotonic() - t0) * 1000)
+                if on_response is not None:
+                    on_response(resp)
             except ClientTimeout:
                 summary.by_status["error"] += 1
                 summary.by_error_class["client_timeout"] += 1

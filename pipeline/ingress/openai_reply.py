@@ -15,7 +15,7 @@ from pipeline.contracts import Response, Status
 STATUS_BY_CLASS: dict[str, int] = {
     "unauthenticated": 401,
     "forbidden": 403, "adapter_forbidden": 403, "blob_forbidden": 403,
-    "in_progress": 409,
+    "in_progress": 409, "actor_revision_unavailable": 409,
     "too_large": 413, "body_too_large": 413, "too_many_pixels": 413, "too_many_images": 413,
     "context_too_long": 413,
     "invalid_request": 422, "fetch_refused": 422, "unsupported_format": 422, "decode_error": 422,

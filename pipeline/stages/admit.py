@@ -358,10 +358,11 @@ class AdmitStage(Stage):
         messages = doc.chat_messages()
         tokens_in = chat_prompt_len(self.tokenizer, messages)
         max_tokens = doc.body.max_tokens or p.assumed_max_tokens
-        cost = worst_case_cost([self.deployments[d] for d in order], tokens_in, max_tokens)
+        n = doc.rollout.n if doc.rollout is not None else 1  # a rollout's samples each use prompt + output
+        cost = n * worst_case_cost([self.deployments[d] for d in order], tokens_in, max_tokens)
         now = now_ms()
         expires = (doc.deadline_ms + p.hold_grace_ms) if doc.deadline_ms else now + p.hold_without_deadline_ms
-        return Ask(doc.request_id, tokens_in + max_tokens, round(cost, 10), now, expires, doc.attempt)
+        return Ask(doc.request_id, n * (tokens_in + max_tokens), round(cost, 10), now, expires, doc.attempt)
 
     def _lanes(self, tenant: str, limits: TenantLimits, order: list[str]) -> list[Lane] | None:
         p = self.partition_of(tenant)

@@ -135,6 +135,8 @@ _PLACEHOLDER = re.compile(r"<[A-Z_]+_\d+>")
 def bypass_reason(doc: RequestDoc, policy: CachePolicy, domain: str) -> str | None:
     """Why this request may neither be served from nor written to the cache (None: it may)."""
     ctx = doc.context
+    if doc.rollout is not None:
+        return "rollout"  # RL wants fresh samples from the actor, never a stored answer
     if ctx.personalised:
         return "personalised"
     if ctx.tool_side_effects:

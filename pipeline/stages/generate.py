@@ -16,7 +16,7 @@ import logging
 import statistics
 import time
 import uuid
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from pydantic import BaseModel, Field
@@ -28,6 +28,7 @@ from pipeline.contracts.control import AdapterStateChanged
 from pipeline.contracts.request import GenerationSection
 from pipeline.engines.chat_engine import ChatEngine, EngineError, Generation, Sampling, chat_prompt_ids
 from pipeline.engines.model_prep import resolve
+from pipeline.engines.provenance import Provenance, provenance_for
 from pipeline.engines.tokenizer import load_chat_tokenizer
 from pipeline.runtime.stage import Outcome, SideRecord, Stage, StageContext
 from pipeline.settings import Deployment
@@ -46,6 +47,8 @@ from pipeline.stages.deployments import (
     next_step,
 )
 from pipeline.stages.fair_gate import FairGate
+from pipeline.stages.rewards import HookError, Scorer, scorer_for
+from pipeline.stages.rollout_samples import actor_revision_of, rollout_rows, sample_seeds
 
 log = logging.getLogger(__name__)
 NO_DEADLINE_MS = 10**9
@@ -66,7 +69,8 @@ def sampling_for(doc: RequestDoc, policy: GeneratePolicy) -> Sampling:
     b = doc.body
     return Sampling(max_tokens=min(b.max_tokens or policy.default_max_tokens, policy.max_tokens_cap),
                     temperature=b.temperature if b.temperature is not None else 0.0,
-                    top_p=b.top_p if b.top_p is not None else 1.0, seed=b.seed, logprobs=b.logprobs,
+                    top_p=b.top_p if b.top_p is not None else 1.0, seed=b.seed,
+                    logprobs=b.logprobs or doc.rollout is not None,  # a rollout without logprobs trains nothing
                     json_schema=b.output_schema())
 
 
@@ -80,9 +84,11 @@ def needs_for(doc: RequestDoc, prompt_tokens: int, sampling: Sampling, adapter: 
                  regions=frozenset(c.residency) if c.residency is not None else None, max_cost_usd=c.max_cost_usd)
 
 
-def section_from(g: Generation, d: Deployment, *, attempts: int, fallback_from: list[str],
+def section_from(gens: list[Generation], d: Deployment, *, attempts: int, fallback_from: list[str],
                  adapter: str | None = None) -> GenerationSection:
-    tokens_in, tokens_out = len(g.prompt_token_ids), len(g.token_ids)
+    """The first generation is the answer; tokens and cost count every sample (a rollout's n)."""
+    g = gens[0]
+    tokens_in, tokens_out = sum(len(x.prompt_token_ids) for x in gens), sum(len(x.token_ids) for x in gens)
     cost = (tokens_in * d.cost_per_1k_input + tokens_out * d.cost_per_1k_output) / 1000
     return GenerationSection(
         deployment=d.name, model=d.model, model_revision=g.model_revision, text=g.text,
@@ -92,7 +98,8 @@ def section_from(g: Generation, d: Deployment, *, attempts: int, fallback_from: 
         itl_p50_ms=round(statistics.median(g.itl_ms), 2) if g.itl_ms else None,
         itl_max_ms=round(max(g.itl_ms), 2) if g.itl_ms else None,
         engine_queue_ms=None if g.engine_queue_ms is None else round(g.engine_queue_ms, 2),
-        attempts=attempts, fallback_from=fallback_from, cost_usd=round(cost, 8), adapter=adapter)
+        attempts=attempts, fallback_from=fallback_from, cost_usd=round(cost, 8), adapter=adapter,
+        actor_revision=actor_revision_of(g))
 
 
 def build_engine(d: Deployment, *, default_model_dir: Path, default_revision: str, ctx: StageContext,
@@ -129,6 +136,7 @@ class _Attempts:
     side: list[SideRecord] = field(default_factory=list)  # weight_events of adapter moves it caused
     failures: list[str] = field(default_factory=list)  # "deployment:error_class"
     tried: list[str] = field(default_factory=list)
+    wrong_actor: list[str] = field(default_factory=list)  # deployments refused: another actor revision
     started: float = field(default_factory=time.perf_counter)
 
 
@@ -148,6 +156,7 @@ class GenerateStage(Stage):
         self.breakers: dict[str, Breaker] = {d.name: Breaker() for d in self.deployments}
         self.adapters = AdapterRegistry(ctx.settings.adapters)
         self.tokenizer = None
+        self.provenance: dict[str, Provenance] = {}
         self.member = f"{ctx.settings.worker_id or 'generate'}:{uuid.uuid4().hex[:8]}"
 
     async def start(self) -> None:
@@ -160,6 +169,8 @@ class GenerateStage(Stage):
             engine = build_engine(d, default_model_dir=path, default_revision=revision, ctx=self.ctx,
                                   attempt_timeout_s=timeout_s)
             self.engines[d.name] = await engine.start()
+            self.provenance[d.name] = provenance_for(getattr(engine, "model_dir", None),
+                                                     getattr(engine, "tokenizer", None) or self.tokenizer)
         await self.follow_control(self.apply_control)
 
     async def stop(self) -> None:
@@ -273,6 +284,13 @@ class GenerateStage(Stage):
         a = _Attempts(doc)
         messages = doc.chat_messages()
         sampling = sampling_for(doc, p)
+        scorer: Scorer | None = None
+        if doc.rollout is not None:
+            try:
+                scorer = scorer_for(doc.rollout.verifier, doc.rollout.reward)
+            except HookError as exc:
+                return self._failed(a, "invalid_request", str(exc), Status.rejected)
+        n = doc.rollout.n if doc.rollout is not None else 1
         spec = self.adapters.specs.get(doc.route.adapter) if doc.route and doc.route.adapter else None
         prompt_tokens = len(chat_prompt_ids(self.tokenizer, messages))
         needs = needs_for(doc, prompt_tokens, sampling, spec)
@@ -300,18 +318,26 @@ class GenerateStage(Stage):
                 self._row(a, "skipped", "circuit breaker open", d.name)
                 i += 1
                 continue
+            wanted = doc.rollout.actor_revision if doc.rollout is not None else None
+            serving = self._actor_revision(d, spec)
+            if wanted and wanted != serving:
+                self._row(a, "refused", f"serves actor revision {serving}, the rollout asked for {wanted}", d.name)
+                a.wrong_actor.append(d.name)
+                i += 1
+                continue
             attempt += 1
             a.tried.append(d.name)
             t0 = time.perf_counter()
             adapter_before, load_ms, waited = "", 0.0, 0.0
+            in_flight = self.gates[d.name].in_flight  # batch context of a rollout: how busy the engine was
             try:
-                async with self.gates[d.name].slot(lane, prompt_tokens + sampling.max_tokens) as waited:
+                # a rollout's n samples enter the engine together: one slot, n times the tokens
+                async with self.gates[d.name].slot(lane, n * (prompt_tokens + sampling.max_tokens)) as waited:
                     if spec is not None:
                         adapter_before, load_ms = await self._prepare_adapter(a, d, spec)
                     timeout_s = max(0.001, min(p.retry.attempt_timeout_ms, remaining) / 1000 - load_ms / 1000)
                     try:
-                        g = await asyncio.wait_for(self.engines[d.name].generate(messages, sampling, doc.request_id,
-                                                                                 adapter=spec), timeout_s)
+                        gens = await asyncio.wait_for(self._sample(d, doc, messages, sampling, spec, n), timeout_s)
                     except TimeoutError:
                         raise EngineError("timeout", f"no answer within {timeout_s:.1f} s") from None
             except EngineError as exc:
@@ -333,8 +359,15 @@ class GenerateStage(Stage):
                 continue
             await self._record(d.name, True, "success")
             ms = (time.perf_counter() - t0) * 1000
-            sec = section_from(g, d, attempts=attempt, fallback_from=[n for n in a.tried[:-1]],
+            sec = section_from(gens, d, attempts=attempt, fallback_from=list(a.tried[:-1]),
                                adapter=None if spec is None else spec.name)
+            rollouts = []
+            if doc.rollout is not None and scorer is not None:
+                rollouts, summary = rollout_rows(
+                    doc, gens, sample_seeds(doc, sampling, n), sampling, scorer, self.provenance[d.name],
+                    {"deployment": d.name, "worker": self.member, "n": n, "engine_max_num_seqs":
+                     self.ctx.settings.engine.max_num_seqs, "gate_in_flight_at_start": in_flight})
+                sec = sec.model_copy(update={"samples": summary})
             revisions = {"model": sec.model_revision, **({"adapter": spec.revision} if spec is not None else {})}
             self._row(a, "ok", sec.finish_reason, d.name, revisions=revisions,
                       scores={"latency_ms": round(ms, 2), "tokens_in": float(sec.tokens_in),
@@ -359,10 +392,30 @@ class GenerateStage(Stage):
                                           **({"adapter_state": adapter_before} if spec is not None else {})})
             out = Outcome.forward(doc, *a.rows, final)
             out.side = a.side
+            out.rollouts = rollouts
             return out
+        if a.wrong_actor and not a.tried:
+            return self._failed(a, "actor_revision_unavailable",
+                                f"no deployment serves actor revision {doc.rollout.actor_revision if doc.rollout else ''}",
+                                Status.rejected)
         return self._failed(a, "all_deployments_unavailable",
                             f"{', '.join(a.failures) or 'no attempt'}; every compatible deployment is failing or "
                             "its circuit breaker is open")
+
+    def _actor_revision(self, d: Deployment, spec: AdapterSpec | None) -> str:
+        revision = self.engines[d.name].revision
+        return revision if spec is None else f"{revision}+{spec.name}@{spec.revision}"
+
+    async def _sample(self, d: Deployment, doc: RequestDoc, messages: list[dict[str, str]], sampling: Sampling,
+                      spec: AdapterSpec | None, n: int) -> list[Generation]:
+        """One generation, or a rollout's n samples side by side (seed + i each, so each is reproducible)."""
+        engine = self.engines[d.name]
+        if doc.rollout is None:
+            return [await engine.generate(messages, sampling, doc.request_id, adapter=spec)]
+        seeds = sample_seeds(doc, sampling, n)
+        return list(await asyncio.gather(*(
+            engine.generate(messages, replace(sampling, seed=seed), f"{doc.request_id}:{i}", adapter=spec)
+            for i, seed in enumerate(seeds))))
 
     async def process_batch(self, docs: list[RequestDoc]) -> list[Outcome | BaseException]:
         return list(await asyncio.gather(*(self._one(d) for d in docs), return_exceptions=True))

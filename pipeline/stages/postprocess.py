@@ -93,10 +93,13 @@ class PostprocessStage(ThreadedStage):
             if put is not None:
                 side.append(SideRecord("control", f"cache:{doc.tenant_id or ''}".encode(), put))
         unmasked = False
+        samples = list(gen.samples) if gen is not None and source == "generation" else []
         token = doc.masking.restore_token if doc.masking else None
         if token and self.policy.unmask_for(doc.tenant_id):
             try:
-                text = unmask(text, open_sealed(token, doc.request_id, self.keyring))
+                mapping = open_sealed(token, doc.request_id, self.keyring)
+                text = unmask(text, mapping)
+                samples = [x.model_copy(update={"text": unmask(x.text, mapping)}) for x in samples]
                 unmasked = True
             except RestoreError:
                 resp = Response(request_id=doc.request_id, status=Status.error, error_class="unmask_failed",
@@ -113,7 +116,8 @@ class PostprocessStage(ThreadedStage):
             logprobs=gen.logprobs if gen and source == "generation" and doc.body.logprobs else None, cost_usd=gen.cost_usd if gen and source == "generation" else 0.0,
             adapter=gen.adapter if gen else None, placement=route.placement if route else None,
             cache=cache.decision if cache else None, usage=usage,
-            ttft_ms=gen.ttft_ms if gen else None, tpot_ms=gen.tpot_ms if gen else None)
+            ttft_ms=gen.ttft_ms if gen else None, tpot_ms=gen.tpot_ms if gen else None,
+            actor_revision=gen.actor_revision or None if gen and source == "generation" else None, samples=samples)
         scores = {"unmasked": float(unmasked), "written_back": float(bool(side))}
         if cache is not None and cache.decision == "shadow_hit" and cache.answer is not None and gen is not None \
                 and self.embedder is not None:  # would serving the cached answer have been right?

@@ -1,7 +1,8 @@
-"""Multi-LoRA serving on the running stack (real vLLM with enable_lora, two tiny adapters made with
+"""What the actor serves, on the running stack (real vLLM with enable_lora; two tiny adapters made with
 peft at test time): base answers under mixed base/LoRA traffic equal base-only answers, adapters
-really change the output, unauthorised adapters never run, and cold -> warm -> hot moves land in
-evidence and `weight_events` with their load times."""
+really change the output, unauthorised adapters never run, cold -> warm -> hot moves land in
+evidence and `weight_events` with their load times; and RL rollouts: n scored samples per prompt
+with provenance, exported to parquet/jsonl and checked against a teacher-forced recompute."""
 
 from __future__ import annotations
 
@@ -139,3 +140,86 @@ def test_a_tampered_adapter_is_refused_and_marked_incompatible(lora_stack):
         assert listed["lora-c"]["state"] == "incompatible"
     finally:
         shutil.move(backup, weights)
+
+
+ROLLOUT_PROMPTS = [
+    {"id": "capital", "prompt": "What is the capital of France? Answer with one word.", "pattern": "Paris"},
+    {"id": "sum", "prompt": "What is 2+2? Answer with a number.", "pattern": "4"},
+    {"id": "color", "prompt": "What color is the sky on a clear day? One word.", "pattern": "(?i)blue"},
+]
+
+
+def submit_rollouts(data_dir, key, prompts_file, *extra):
+    return llmpipe("rollouts", "submit", "--file", str(prompts_file), "--n", "4", "--temperature", "1.0",
+                   "--max-tokens", "16", "--seed", "7", "--verifier", "regex", "--reward", "length_penalty",
+                   "--reward-arg", "per_token=0.01", "--dataset-revision", "ds-1", "--api-key", key, "--json", *extra,
+                   data_dir=data_dir, timeout=600)
+
+
+def test_rollouts_are_sampled_scored_exported_and_their_logprobs_recompute(lora_stack, prepared_model, tmp_path):
+    import orjson
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from pipeline.rollouts import read_export
+
+    info, keys, data_dir, _ = lora_stack
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_bytes(b"\n".join(orjson.dumps(p) for p in ROLLOUT_PROMPTS) + b"\n")
+    run = submit_rollouts(data_dir, keys["plain"], prompts)
+    assert run.returncode == 0, run.stderr
+    summary = last_json(run)
+    assert summary["by_status"] == {"ok": 3} and summary["samples"] == 12, summary
+    (actor,) = summary["actor_revisions"]  # every sample from the one actor that served them
+    assert actor.startswith("smollm2-135m-instruct@sha256:") and summary["actor_revisions"][actor] == 12
+
+    refused = submit_rollouts(data_dir, keys["plain"], prompts, "--actor-revision", "smollm2@not-served")
+    assert last_json(refused)["by_error_class"] == {"actor_revision_unavailable": 3}
+
+    deadline = time.monotonic() + 60
+    while sql(data_dir, "SELECT count() AS n FROM rollouts FINAL")[0]["n"] < 12:
+        assert time.monotonic() < deadline, "the 12 samples did not reach the warehouse"
+        time.sleep(1)
+    exported = {}
+    for fmt in ("parquet", "jsonl"):
+        out = tmp_path / f"samples.{fmt}"
+        res = llmpipe("rollouts", "export", "--format", fmt, "--out", str(out), "--actor-revision", actor, "--json",
+                      data_dir=data_dir)
+        assert res.returncode == 0, res.stderr
+        assert last_json(res)["rows"] == 12 and last_json(res)["groups"] == 3
+        exported[fmt] = {r["sample_id"]: r for r in read_export(out)}
+    assert exported["parquet"].keys() == exported["jsonl"].keys()
+    for sid, p in exported["parquet"].items():  # the round trip keeps ids, logprobs and scores exactly
+        j = exported["jsonl"][sid]
+        for col in ("generated_token_ids", "prompt_token_ids", "logprobs", "score", "advantage", "seed", "actor_revision"):
+            assert p[col] == j[col], (sid, col)
+    rows = list(exported["jsonl"].values())
+    for r in rows:
+        assert len(r["logprobs"]) == len(r["generated_token_ids"]) > 0
+        assert r["tokenizer_revision"] and r["chat_template_revision"] and r["runtime"] and r["hardware"]
+        assert r["verifier_revision"].startswith("regex@") and r["reward_revision"].startswith("length_penalty@")
+        assert r["group_size"] == 4 and orjson.loads(r["batch_context"])["n"] == 4
+        assert r["prompt_dataset_revision"] == "ds-1" and r["temperature"] == 1.0
+    by_group: dict[str, list[dict]] = {}
+    for r in rows:
+        by_group.setdefault(r["group_id"], []).append(r)
+    for group in by_group.values():
+        assert sorted(r["seed"] for r in group) == [7, 8, 9, 10]
+        assert abs(sum(r["advantage"] for r in group)) < 1e-9
+
+    # teacher-forced recompute with transformers (fp32) of every exported sample's logprobs
+    torch.set_num_threads(1)
+    model = AutoModelForCausalLM.from_pretrained(str(prepared_model), dtype=torch.float32).eval()
+    deltas = []
+    with torch.no_grad():
+        for r in rows:
+            ids = list(r["prompt_token_ids"]) + list(r["generated_token_ids"])
+            logits = model(torch.tensor([ids])).logits[0].float()
+            logp = torch.log_softmax(logits, dim=-1)
+            start = len(r["prompt_token_ids"])
+            for k, tok in enumerate(r["generated_token_ids"]):
+                deltas.append(abs(float(logp[start + k - 1, tok]) - r["logprobs"][k]))
+    deltas.sort()
+    p50, p99, worst = deltas[len(deltas) // 2], deltas[int(len(deltas) * 0.99)], deltas[-1]
+    print(f"\nlogprob recompute over {len(deltas)} tokens: |d| p50 {p50:.4f}, p99 {p99:.4f}, max {worst:.4f}")
+    assert p50 < 0.05 and worst < 1.0, (p50, p99, worst)

@@ -8,12 +8,14 @@ Every phase sends the same distinct short prompts (numbered questions, greedy, m
 closed loop of C concurrent clients (each sends its next request when its previous answer is in):
 
 1. `base, LoRA off`        a VllmEngine without LoRA, base requests: the true baseline. Then it stops.
-2. `base via zero adapter` ONE VllmEngine with LoRA on (max_loras 4, max_cpu_loras 8, rank 8); base
+2. `base, LoRA on, no adapter` the LoRA engine below with base-only traffic and no adapter at all
+                           (what enable_lora itself costs; unsafe once adapter requests share a batch).
+3. `base via zero adapter` ONE VllmEngine with LoRA on (max_loras 4, max_cpu_loras 8, rank 8); base
                            requests (adapter=None) run through its all-zero adapter: the price of the
                            mixed-batch protection (see pipeline/engines/lora_factory.zero_adapter).
-3. `1 adapter`             same engine, every request on adapter a0.
-4. `4 adapters`            round-robin over a0..a3.
-5. `8 adapters`            round-robin over a0..a7: more than max_loras=4, so the engine swaps adapters
+4. `1 adapter`             same engine, every request on adapter a0.
+5. `4 adapters`            round-robin over a0..a3.
+6. `8 adapters`            round-robin over a0..a7: more than max_loras=4, so the engine swaps adapters
                            in and out of its active slots.
 
 Adapters are made with peft (make_adapter, seed i, rank 8) in a temp dir and are NOT preloaded: a
@@ -172,6 +174,12 @@ async def main_async(n: int, clients: int, max_tokens: int, tmp: Path) -> dict[s
     startup["lora_on"] = round(time.perf_counter() - t0, 1)
     try:
         await warm(e)  # base requests only: no adapter is loaded before its phase
+        # base-only traffic without the zero adapter (safe only while no adapter request is in the
+        # batch): separates what enable_lora itself costs from what the protection adds
+        zero, e._zero = e._zero, None
+        log.print("phase: base, LoRA on, no adapter")
+        phases["base, LoRA on, no adapter"] = await closed_loop(e, prompts, [], clients, max_tokens)
+        e._zero = zero
         for name, k in (("base via zero adapter", 0), ("1 adapter", 1), ("4 adapters", 4), ("8 adapters", 8)):
             log.print(f"phase: {name}")
             phases[name] = await closed_loop(e, prompts, specs[:k], clients, max_tokens)

@@ -14,19 +14,32 @@ import logging
 import os
 import sys
 from collections.abc import Callable
-from functools import wraps
 from pathlib import Path
 from typing import Annotated, Any, Optional
 
 import orjson
 import typer
 import yaml
-from pydantic import ValidationError
-from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from pipeline.settings import MAX_IMAGE_PIXELS, Settings, load_settings
+from pipeline.cli_common import (
+    EXIT_ERROR,
+    EXIT_NOT_OK,
+    Bootstrap,
+    CliError,
+    ConfigFile,
+    DataDir,
+    Json,
+    _print_json,
+    _publish_control,
+    _settings,
+    _stack_bootstrap,
+    command,
+    err,
+    out,
+)
+from pipeline.settings import MAX_IMAGE_PIXELS, Settings
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help=__doc__.split("\n")[0])
 topics_app = typer.Typer(no_args_is_help=True, help="Topic registry (topics/topics.yaml).")
@@ -43,86 +56,6 @@ rollouts_app = typer.Typer(no_args_is_help=True, help="RL rollouts: submit promp
 app.add_typer(rollouts_app, name="rollouts")
 blobs_app = typer.Typer(no_args_is_help=True, help="Claim-check blobs (images a request refers to by blob://).")
 app.add_typer(blobs_app, name="blobs")
-# a pipe or a CI log gets wide tables, not rich's 80-column default
-out = Console(width=None if sys.stdout.isatty() else int(os.environ.get("COLUMNS", "150")))
-err = Console(stderr=True)
-
-DataDir = Annotated[Path, typer.Option("--data-dir", help="state directory", envvar="LLMPIPE_DATA_DIR")]
-ConfigFile = Annotated[Optional[Path], typer.Option("--config", help="YAML settings (default ./llmpipe.yaml)")]
-Bootstrap = Annotated[Optional[str], typer.Option("--bootstrap", help="HOST:PORT (default: the running stack)")]
-Json = Annotated[bool, typer.Option("--json", help="print one JSON document as the last line")]
-
-EXIT_ERROR = 1
-EXIT_NOT_OK = 2  # the request was answered, but not with status ok
-
-
-class CliError(Exception):
-    pass
-
-
-def _known_errors() -> tuple[type[BaseException], ...]:
-    from pipeline.ingress.client import ClientTimeout
-    from pipeline.replay import ReplayError
-    from pipeline.runtime.broker import BrokerError
-    from pipeline.runtime.errors import TopologyError
-    from pipeline.stack import StackError
-    from pipeline.stores.sql_gateway import SqlError
-    from pipeline.stores.warehouse import WarehouseError
-
-    return (CliError, StackError, BrokerError, TopologyError, SqlError, WarehouseError, ReplayError,
-            ClientTimeout, FileNotFoundError, ValidationError, yaml.YAMLError)
-
-
-def command(fn: Callable[..., Any]) -> Callable[..., Any]:
-    """Known failures end as one line on stderr and exit 1, never as a traceback."""
-
-    @wraps(fn)
-    def wrapper(*args: Any, **kwargs: Any) -> Any:
-        try:
-            return fn(*args, **kwargs)
-        except typer.Exit:
-            raise
-        except _known_errors() as exc:
-            msg = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-            if isinstance(exc, ValidationError):
-                msg = f"invalid settings: {exc.errors()[0]['loc']}: {exc.errors()[0]['msg']}"
-            sys.stderr.write(f"error: {msg}\n")
-            raise typer.Exit(EXIT_ERROR) from None
-        except KeyboardInterrupt:
-            raise typer.Exit(130) from None
-
-    return wrapper
-
-
-def _settings(data_dir: Path, config: Path | None, bootstrap: str | None = None, **extra: Any) -> Settings:
-    s = load_settings(config, bootstrap=bootstrap, **extra)
-    # --data-dir wins over the file unless left at its default
-    if data_dir != Path(".llmpipe") or "data_dir" not in s.model_fields_set:
-        s = s.model_copy(update={"data_dir": data_dir})
-    logging.basicConfig(level=s.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr)
-    logging.getLogger("aiokafka").setLevel(logging.WARNING)
-    logging.getLogger("httpx").setLevel(logging.WARNING)
-    logging.getLogger("presidio-analyzer").setLevel(logging.WARNING)
-    return s
-
-
-def _stack_bootstrap(s: Settings) -> tuple[str, str]:
-    """(bootstrap, topic prefix): explicit settings first, then the running embedded stack."""
-    from pipeline.stack import running_stack
-
-    if s.bootstrap:
-        return s.bootstrap, s.topic_prefix
-    info = running_stack(s.resolved_data_dir())
-    if info is None:
-        raise CliError(f"no broker: no stack is running for {s.resolved_data_dir()} (llmpipe up) and no --bootstrap")
-    return info.bootstrap, info.topic_prefix
-
-
-def _print_json(doc: Any) -> None:
-    sys.stdout.write(orjson.dumps(doc, default=str).decode() + "\n")
-    sys.stdout.flush()
-
-
 def _query_fn(s: Settings) -> Callable[[str, dict[str, Any]], Any]:
     """Route SQL to the owner of the warehouse: the running stack's admin endpoint, or directly."""
     from pipeline.stack import running_stack
@@ -557,25 +490,6 @@ def cache_invalidate(tenant: Annotated[str, typer.Option("--tenant")],
         out.print(f"invalidation published for tenant {tenant}: entries created before {record.before_ms}")
 
 
-def _publish_control(bootstrap: str, prefix: str, records: list[tuple[str, Any]]) -> None:
-    """Publish (key, record) pairs on `control`, in order, acknowledged by the broker."""
-    from aiokafka import AIOKafkaProducer
-
-    from pipeline.runtime.codec import encode
-    from pipeline.runtime.topics import TopicNames
-
-    async def run() -> None:
-        p = AIOKafkaProducer(bootstrap_servers=bootstrap, acks="all", enable_idempotence=False)
-        await p.start()
-        try:
-            for key, record in records:
-                await p.send_and_wait(TopicNames(prefix)("control"), encode(record), key=key.encode())
-        finally:
-            await p.stop()
-
-    asyncio.run(run())
-
-
 def _publish_one(bootstrap: str, prefix: str, key: str, record: Any, doc: dict[str, Any], text: str,
                  json: bool) -> None:
     """Publish one control record, then tell the operator: `doc` with --json, else `text`."""
@@ -880,6 +794,8 @@ def rollouts_export(out_file: Annotated[Path, typer.Option("--out", help="the fi
                     format: Annotated[str, typer.Option("--format", help="parquet | jsonl")] = "parquet",
                     actor_revision: Annotated[Optional[str], typer.Option("--actor-revision")] = None,
                     dataset_revision: Annotated[Optional[str], typer.Option("--dataset-revision")] = None,
+                    include_rejected: Annotated[bool, typer.Option(
+                        "--include-rejected", help="also samples of rolled-back actor revisions (column `rejected`)")] = False,
                     data_dir: DataDir = Path(".llmpipe"), config: ConfigFile = None, bootstrap: Bootstrap = None,
                     json: Json = False) -> None:
     """Write training-ready samples (the `training_samples` view: ids, logprobs, score, advantage)."""
@@ -888,7 +804,7 @@ def rollouts_export(out_file: Annotated[Path, typer.Option("--out", help="the fi
     if format not in EXPORT_FORMATS:
         raise CliError(f"--format must be one of {', '.join(EXPORT_FORMATS)}")
     s = _settings(data_dir, config, bootstrap)
-    columns, rows = export_rows(_query_fn(s), actor_revision, dataset_revision)
+    columns, rows = export_rows(_query_fn(s), actor_revision, dataset_revision, include_rejected)
     write_export(columns, rows, out_file, format)
     doc = {"rows": len(rows), "groups": len({r[columns.index("group_id")] for r in rows}), "path": str(out_file),
            "format": format}
@@ -1156,6 +1072,10 @@ def status(data_dir: DataDir = Path(".llmpipe"), config: ConfigFile = None, boot
     else:
         out.print_json(orjson.dumps(info.__dict__).decode())
 
+
+from pipeline.cli_actor import actor_app  # noqa: E402 - its commands use the helpers above
+
+app.add_typer(actor_app, name="actor")
 
 if __name__ == "__main__":
     app()

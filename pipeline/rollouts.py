@@ -95,13 +95,15 @@ EXPORT_SQL = """
 SELECT * FROM training_samples
 WHERE ({actor:String} = '' OR actor_revision = {actor:String})
   AND ({dataset:String} = '' OR prompt_dataset_revision = {dataset:String})
+  AND ({include_rejected:UInt8} = 1 OR NOT rejected)
 ORDER BY group_id, sample_id
 """
 
 
 def export_rows(query: Callable[[str, dict[str, Any]], Any], actor_revision: str | None,
-                dataset_revision: str | None) -> tuple[list[str], list[list[Any]]]:
-    res = query(EXPORT_SQL, {"actor": actor_revision or "", "dataset": dataset_revision or ""})
+                dataset_revision: str | None, include_rejected: bool = False) -> tuple[list[str], list[list[Any]]]:
+    res = query(EXPORT_SQL, {"actor": actor_revision or "", "dataset": dataset_revision or "",
+                             "include_rejected": int(include_rejected)})
     return list(res.columns), [list(r) for r in res.rows]
 
 

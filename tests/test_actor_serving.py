@@ -223,3 +223,117 @@ def test_rollouts_are_sampled_scored_exported_and_their_logprobs_recompute(lora_
     p50, p99, worst = deltas[len(deltas) // 2], deltas[int(len(deltas) * 0.99)], deltas[-1]
     print(f"\nlogprob recompute over {len(deltas)} tokens: |d| p50 {p50:.4f}, p99 {p99:.4f}, max {worst:.4f}")
     assert p50 < 0.05 and worst < 1.0, (p50, p99, worst)
+
+
+SWITCH_PROMPTS = [f"Write one word about the number {i}." for i in range(8)]
+
+
+def rollout_file(path, prompts, repeat: int = 1):
+    import orjson
+
+    path.write_bytes(b"\n".join(orjson.dumps({"id": f"p{i % len(prompts)}-{k}", "prompt": p})
+                                for k in range(repeat) for i, p in enumerate(prompts)) + b"\n")
+    return path
+
+
+def greedy_rollouts(data_dir, key, file, dataset: str):
+    return llmpipe("rollouts", "submit", "--file", str(file), "--n", "2", "--temperature", "0", "--max-tokens", "6",
+                   "--reward", "length_penalty", "--dataset-revision", dataset, "--concurrency", "4", "--api-key", key, "--json",
+                   data_dir=data_dir, timeout=900)
+
+
+def wait_rows(data_dir, dataset: str, n: int, timeout: float = 120) -> list[dict]:
+    deadline = time.monotonic() + timeout
+    while len(rows := sql(data_dir, "SELECT sample_id, actor_revision, prompt_token_ids, generated_token_ids "
+                                    f"FROM rollouts FINAL WHERE prompt_dataset_revision = '{dataset}'")) < n:
+        assert time.monotonic() < deadline, f"{len(rows)} of {n} samples of {dataset} in the warehouse"
+        time.sleep(1)
+    return rows
+
+
+def test_actor_weight_switch_under_load_tags_every_sample_with_the_revision_that_made_it(lora_stack, prepared_model,
+                                                                                           tmp_path):
+    import threading
+
+    info, keys, data_dir, roots = lora_stack
+    cfg = str(data_dir / "llmpipe.yaml")
+    for rev, seed in (("act-1", 11), ("act-2", 12)):
+        make_adapter(prepared_model, roots / rev, seed=seed)
+    bad_checks = tmp_path / "bad.jsonl"
+    bad_checks.write_text('{"prompt": "Say hello.", "expected": "zzz never said zzz"}\n')
+    any_answer = tmp_path / "any.jsonl"
+    any_answer.write_text('{"prompt": "Say hello.", "expected": ".", "match": "regex"}\n')
+
+    def actor(*args):
+        return llmpipe("actor", *args, "--config", cfg, "--json", data_dir=data_dir, timeout=400)
+
+    # a revision whose validation fails is rejected by the replica, and the barrier refuses it
+    assert actor("prepare", "act-bad", "--path", str(roots / "act-1"), "--rank", "8",
+                 "--validation", str(bad_checks)).returncode == 0
+    refused = actor("activate", "act-bad", "--timeout", "120")
+    assert refused.returncode != 0 and "rejected by" in refused.stderr, refused.stderr
+    for rev in ("act-1", "act-2"):
+        assert actor("prepare", rev, "--path", str(roots / rev), "--rank", "8", "--validation",
+                     str(any_answer)).returncode == 0
+    on1 = actor("activate", "act-1", "--timeout", "120")
+    assert on1.returncode == 0, on1.stderr
+
+    # references: each revision's greedy samples while it alone is active
+    ref_file = rollout_file(tmp_path / "ref.jsonl", SWITCH_PROMPTS)
+    assert greedy_rollouts(data_dir, keys["plain"], ref_file, "ref-1").returncode == 0
+    # the switch, while a stream of rollouts runs
+    load_file = rollout_file(tmp_path / "load.jsonl", SWITCH_PROMPTS, repeat=5)
+    result: dict = {}
+    runner = threading.Thread(target=lambda: result.update(
+        proc=greedy_rollouts(data_dir, keys["plain"], load_file, "switch")))
+    runner.start()
+    wait_rows(data_dir, "switch", 10, timeout=300)
+    on2 = actor("activate", "act-2", "--timeout", "120")
+    assert on2.returncode == 0, on2.stderr
+    runner.join(900)
+    load = last_json(result["proc"])
+    assert load["by_status"] == {"ok": 40}, load  # in-flight requests completed across the switch
+    assert greedy_rollouts(data_dir, keys["plain"], ref_file, "ref-2").returncode == 0
+
+    def by_prompt(rows):
+        return {tuple(r["prompt_token_ids"]): (r["actor_revision"], tuple(r["generated_token_ids"])) for r in rows}
+
+    ref1, ref2 = by_prompt(wait_rows(data_dir, "ref-1", 16)), by_prompt(wait_rows(data_dir, "ref-2", 16))
+    tag1, tag2 = {a for a, _ in ref1.values()}, {a for a, _ in ref2.values()}
+    assert len(tag1) == 1 and len(tag2) == 1 and tag1 != tag2 and next(iter(tag2)).endswith("+actor@act-2")
+    distinct = [p for p in ref1 if ref1[p][1][:3] != ref2[p][1][:3]]
+    assert len(distinct) >= 6, "the two revisions must answer differently to tell them apart"
+    switch = wait_rows(data_dir, "switch", 80)
+    seen = {"act-1": 0, "act-2": 0}
+    for r in switch:  # each sample's tokens are those of the revision it is tagged with
+        p = tuple(r["prompt_token_ids"])
+        rev = r["actor_revision"].rsplit("@", 1)[-1]
+        ref = ref1 if rev == "act-1" else ref2
+        assert rev in seen and r["actor_revision"] == ref[p][0], r["actor_revision"]
+        if p in distinct:
+            assert tuple(r["generated_token_ids"])[:3] == ref[p][1][:3], (rev, r["sample_id"])
+        seen[rev] += 1
+    assert seen["act-1"] > 0 and seen["act-2"] > 0, seen  # the switch happened under load
+
+    events = sql(data_dir, "SELECT revision, transition FROM weight_events FINAL WHERE kind = 'actor'")
+    got = {(e["revision"], e["transition"]) for e in events}
+    assert {("act-2", s) for s in ("prepared", "transferred", "loaded", "validated", "active")} <= got, got
+    assert {("act-1", "draining"), ("act-1", "retired"), ("act-bad", "rejected")} <= got, got
+
+    # rollback: act-2 is rejected, act-1 serves again, act-2's samples are marked and left out of exports
+    back = actor("rollback", "--reason", "reward regressed")
+    assert back.returncode == 0 and last_json(back) == {"rejected": "act-2", "active": "act-1"}, back.stderr
+    again = greedy_rollouts(data_dir, keys["plain"], ref_file, "ref-3")
+    assert last_json(again)["actor_revisions"] == {next(iter(tag1)): 16}
+    out = tmp_path / "all.jsonl"
+    assert llmpipe("rollouts", "export", "--format", "jsonl", "--out", str(out), "--include-rejected",
+                   data_dir=data_dir).returncode == 0
+    from pipeline.rollouts import read_export
+
+    rows = read_export(out)
+    assert sum(r["actor_weights"] == "act-2" for r in rows) >= 16
+    assert {r["rejected"] for r in rows if r["actor_weights"] == "act-2"} == {1}
+    assert {r["rejected"] for r in rows if r["actor_weights"] != "act-2"} == {0}
+    kept = tmp_path / "kept.jsonl"
+    assert llmpipe("rollouts", "export", "--format", "jsonl", "--out", str(kept), data_dir=data_dir).returncode == 0
+    assert not [r for r in read_export(kept) if r["actor_weights"] == "act-2"]

@@ -126,6 +126,16 @@ assert sorted(got) == ["s1", "s2", "s3", "s4"], sorted(got)  # deduped, replays 
 assert got["s1"]["group_size"] == 3 and abs(got["s1"]["advantage"] - 0.5) < 1e-9, got["s1"]
 assert abs(got["s4"]["advantage"]) < 1e-9 and got["s4"]["group_size"] == 1
 assert export_rows(lambda q, p: w.query(q, p), "other", None)[1] == []
+# a rolled-back actor revision: its samples are marked and left out unless asked for
+from pipeline.contracts import WeightEvent
+w.insert("rollouts", rows.ROLLOUTS_COLUMNS, [rows.rollout_row(ro("s7", "g3", 1.0).model_copy(
+    update={"actor_revision": "m@sha256:1+actor@step-2"}))])
+w.insert("weight_events", rows.WEIGHT_EVENTS_COLUMNS, [rows.weight_event_row(WeightEvent(
+    replica="operator", kind="actor", name="actor", revision="step-2", transition="rejected"))])
+assert "s7" not in {r[0] for r in export_rows(lambda q, p: w.query(q, p), None, None)[1]}
+c2, d2 = export_rows(lambda q, p: w.query(q, p), None, None, include_rejected=True)
+marked = {r[c2.index("sample_id")]: r[c2.index("rejected")] for r in d2}
+assert marked["s7"] == 1 and marked["s1"] == 0, marked
 for fmt in ("parquet", "jsonl"):
     out = Path(sys.argv[1]).parent / f"x.{fmt}"
     write_export(cols, data, out, fmt)

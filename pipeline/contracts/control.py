@@ -1,5 +1,5 @@
 """Records on the `control` topic: cache write-backs and invalidations, circuit-breaker states, the tenant
-registry (tenants, limits, hashed API keys), the adapter registry (and, later, policy versions). Every cache worker follows the whole topic, so
+registry (tenants, limits, hashed API keys), the adapter registry, the RL actor's weight lifecycle. Every cache worker follows the whole topic, so
 each keeps a complete index replica and applies invalidations in order; generate workers follow it
 for breaker states."""
 
@@ -10,6 +10,7 @@ from typing import Annotated, Any, Literal, Union
 from pydantic import Field, RootModel
 
 from pipeline.contracts.base import WireModel, now_ms
+from pipeline.contracts.actor import ActorActivated, ActorPrepared, ActorRejected, ActorReplicaReport
 from pipeline.contracts.adapter import AdapterSpec, AdapterState
 
 CONTROL_SCHEMA = "control/v1"
@@ -107,6 +108,7 @@ class Marker(WireModel):
 
 
 class ControlRecord(RootModel[Annotated[Union[CachePut, CacheInvalidate, BreakerUpdate, TenantUpsert, ApiKeyIssued,
-                                              ApiKeyRevoked, AdapterRegistered, AdapterStateChanged, Marker],
+                                              ApiKeyRevoked, AdapterRegistered, AdapterStateChanged, ActorPrepared,
+                                              ActorReplicaReport, ActorActivated, ActorRejected, Marker],
                                         Field(discriminator="kind")]]):
     pass

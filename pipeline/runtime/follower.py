@@ -59,8 +59,12 @@ class ControlFollower:
             await self.producer.stop()
 
     async def publish(self, record: object, key: bytes | None = None) -> None:
+        await self.publish_to(self.topic, record, key)
+
+    async def publish_to(self, topic: str, record: object, key: bytes | None = None) -> None:
+        """Another topic through the same producer (e.g. `weight_events` next to a control report)."""
         assert self.producer is not None
-        await self.producer.send_and_wait(self.topic, encode(record), key=key)
+        await self.producer.send_and_wait(topic, encode(record), key=key)
 
     async def catch_up(self, timeout_s: float = 60.0) -> None:
         """Return once every record written before this call has been applied."""

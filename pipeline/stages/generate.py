@@ -22,6 +22,7 @@ from pathlib import Path
 from pydantic import BaseModel, Field
 
 from pipeline.contracts import BreakerUpdate, Evidence, RequestDoc, Response, Status, WeightEvent
+from pipeline.contracts.actor import ACTOR_ADAPTER
 from pipeline.contracts.adapter import AdapterSpec
 from pipeline.contracts.base import now_ms
 from pipeline.contracts.control import AdapterStateChanged
@@ -31,7 +32,9 @@ from pipeline.engines.model_prep import resolve
 from pipeline.engines.provenance import Provenance, provenance_for
 from pipeline.engines.tokenizer import load_chat_tokenizer
 from pipeline.runtime.stage import Outcome, SideRecord, Stage, StageContext
+from pipeline.runtime.topics import TopicNames
 from pipeline.settings import Deployment
+from pipeline.stages.actor_replica import ActorReplica
 from pipeline.stages.adapter_residency import AdapterResidency
 from pipeline.stages.adapters import AdapterRegistry, adapter_refusal, incompatibility, refuse_adapter
 from pipeline.stages.deployments import (
@@ -158,6 +161,7 @@ class GenerateStage(Stage):
         self.tokenizer = None
         self.provenance: dict[str, Provenance] = {}
         self.member = f"{ctx.settings.worker_id or 'generate'}:{uuid.uuid4().hex[:8]}"
+        self.actor = ActorReplica(self.member, self._publish_actor_report)
 
     async def start(self) -> None:
         s = self.ctx.settings
@@ -171,9 +175,15 @@ class GenerateStage(Stage):
             self.engines[d.name] = await engine.start()
             self.provenance[d.name] = provenance_for(getattr(engine, "model_dir", None),
                                                      getattr(engine, "tokenizer", None) or self.tokenizer)
+        actor_home = next((d for d in self.deployments if d.lora and s.lora.enabled), None)
+        if actor_home is not None:  # the RL actor's weights are a LoRA adapter: served where adapters are
+            self.actor.attach(lambda spec: self._load_verified(actor_home, spec),
+                              lambda msgs, sampling, spec: self.engines[actor_home.name].generate(
+                                  msgs, sampling, None, adapter=spec))
         await self.follow_control(self.apply_control)
 
     async def stop(self) -> None:
+        await self.actor.drain_tasks()
         await self.stop_following()
         for engine in self.engines.values():
             await engine.stop()
@@ -183,7 +193,7 @@ class GenerateStage(Stage):
     def apply_control(self, record: object) -> None:
         """Adopt another worker's breaker change. Its half-open probe counts as open here: this
         worker waits out a cooldown of its own rather than probing at the same time."""
-        if self.adapters.apply(record):
+        if self.adapters.apply(record) or self.actor.apply(record):
             return
         if not isinstance(record, BreakerUpdate) or record.worker == self.member or record.deployment not in self.breakers:
             return
@@ -231,7 +241,8 @@ class GenerateStage(Stage):
             if before == "cold":
                 why = await asyncio.to_thread(incompatibility, spec, self.ctx.settings.lora, engine.revision)
                 if why is not None:
-                    await self._mark_incompatible(spec, why)
+                    if spec.name != ACTOR_ADAPTER:  # the actor's revisions are rejected on their own lifecycle
+                        await self._mark_incompatible(spec, why)
                     raise EngineError("adapter_unavailable", f"adapter {spec.name} refused: {why}")
                 load_ms = await engine.load_adapter(spec)  # type: ignore[attr-defined]
                 moves += residency.loaded(key)
@@ -248,6 +259,24 @@ class GenerateStage(Stage):
                 transition=t.label, duration_ms=took, request_id=a.doc.request_id,
                 detail="loaded into the CPU cache" if took is not None else "")))
         return before, load_ms
+
+    async def _load_verified(self, d: Deployment, spec: AdapterSpec) -> float:
+        """Verify `spec`'s files (allowed root, rank, checksum) and load it into `d`'s engine (cold ->
+        warm); returns the load time. Raises EngineError(adapter_unavailable) on a failed check."""
+        engine = self.engines[d.name]
+        why = await asyncio.to_thread(incompatibility, spec, self.ctx.settings.lora, engine.revision)
+        if why is not None:
+            raise EngineError("adapter_unavailable", f"adapter {spec.name}@{spec.revision} refused: {why}")
+        ms = await engine.load_adapter(spec)  # type: ignore[attr-defined]
+        self.residency[d.name].loaded(f"{spec.name}@{spec.revision}")
+        return ms
+
+    async def _publish_actor_report(self, report: object, event: WeightEvent) -> None:
+        if self.follower is None:
+            return
+        await self.follower.publish(report, key=f"actor:{event.revision}".encode())
+        await self.follower.publish_to(TopicNames(self.ctx.topic_prefix)("weight_events"), event,
+                                       key=event.name.encode())
 
     async def _mark_incompatible(self, spec: AdapterSpec, why: str) -> None:
         change = AdapterStateChanged(name=spec.name, state="incompatible", reason=why)
@@ -279,6 +308,14 @@ class GenerateStage(Stage):
         refused = refuse_adapter(doc, self.adapters)  # admit checked it too: a tenant's adapter never runs unchecked
         if refused is not None:
             return adapter_refusal(self, doc, *refused)
+        # a rollout samples the active actor revision, taken once: a switch mid-request does not move it
+        actor = self.actor.current() if doc.rollout is not None and not (doc.route and doc.route.adapter) else None
+        if actor is None:
+            return await self._serve(doc, None)
+        with self.actor.serving(actor.revision):
+            return await self._serve(doc, actor)
+
+    async def _serve(self, doc: RequestDoc, actor: AdapterSpec | None) -> Outcome:
         assert self.tokenizer is not None, "start() first"
         p = self.policy
         a = _Attempts(doc)
@@ -291,7 +328,7 @@ class GenerateStage(Stage):
             except HookError as exc:
                 return self._failed(a, "invalid_request", str(exc), Status.rejected)
         n = doc.rollout.n if doc.rollout is not None else 1
-        spec = self.adapters.specs.get(doc.route.adapter) if doc.route and doc.route.adapter else None
+        spec = actor or (self.adapters.specs.get(doc.route.adapter) if doc.route and doc.route.adapter else None)
         prompt_tokens = len(chat_prompt_ids(self.tokenizer, messages))
         needs = needs_for(doc, prompt_tokens, sampling, spec)
         lane = "" if spec is None else spec.name
@@ -320,7 +357,7 @@ class GenerateStage(Stage):
                 continue
             wanted = doc.rollout.actor_revision if doc.rollout is not None else None
             serving = self._actor_revision(d, spec)
-            if wanted and wanted != serving:
+            if wanted and wanted != serving and not (actor is not None and wanted == actor.revision):
                 self._row(a, "refused", f"serves actor revision {serving}, the rollout asked for {wanted}", d.name)
                 a.wrong_actor.append(d.name)
                 i += 1

@@ -26,6 +26,9 @@ requests (other prompts) before its first timed phase.
 Per phase: requests, output tokens/s (generated tokens / phase wall time), e2e latency p50/p95,
 TTFT p50/p95 (ms), tokens/s relative to phase 1, and `=base`: how many answers have exactly the
 tokens of phase 1 for the same prompt (zero adapter: should be all; real adapters: few).
+Burst fairness: 2 x max_num_seqs long requests (64 tokens) on a0, then 4 short ones (4 tokens) on
+a1 0.2 s later, sent straight into the engine (vLLM's arrival-order queue) and then through
+generate's FairGate (capacity max_num_seqs): the short requests' latency p50/p95 in both.
 Then one correctness line on the LoRA engine: 8 base prompts answered alone vs answered while 8
 adapter requests run concurrently (token ids must be identical). Last line of stdout: JSON.
 """
@@ -122,6 +125,32 @@ async def closed_loop(engine, prompts: list[str], adapters: list, clients: int, 
             "_token_ids": [g.token_ids for g in gens]}
 
 
+async def burst(engine, long_ad, short_ad, gate, n_long: int, n_short: int) -> dict[str, Any]:
+    """One tenant's burst of long requests on `long_ad`, then another adapter's short requests 0.2 s
+    later: straight into the engine (its arrival-order queue) or through generate's FairGate."""
+    from pipeline.engines.chat_engine import Sampling
+
+    long_s, short_s = Sampling(max_tokens=64, temperature=0.0), Sampling(max_tokens=4, temperature=0.0)
+
+    async def one(i: int, ad, sampling, lane: str) -> float:
+        t0 = time.perf_counter()
+        if gate is None:
+            await engine.generate(msgs(f"Tell a long story about {SUBJECTS[i % len(SUBJECTS)]}."), sampling, adapter=ad)
+        else:
+            async with gate.slot(lane, 40 + sampling.max_tokens):
+                await engine.generate(msgs(f"Tell a long story about {SUBJECTS[i % len(SUBJECTS)]}."), sampling,
+                                      adapter=ad)
+        return (time.perf_counter() - t0) * 1000
+
+    t0 = time.perf_counter()
+    longs = [asyncio.create_task(one(i, long_ad, long_s, long_ad.name)) for i in range(n_long)]
+    await asyncio.sleep(0.2)
+    shorts = await asyncio.gather(*(one(100 + i, short_ad, short_s, short_ad.name) for i in range(n_short)))
+    long_ms = await asyncio.gather(*longs)
+    return {"short_p50_ms": pct(list(shorts), 50), "short_p95_ms": pct(list(shorts), 95),
+            "long_p50_ms": pct(list(long_ms), 50), "wall_s": round(time.perf_counter() - t0, 2)}
+
+
 async def main_async(n: int, clients: int, max_tokens: int, tmp: Path) -> dict[str, Any]:
     from pipeline.contracts.adapter import AdapterSpec
     from pipeline.engines.chat_engine import Sampling
@@ -183,6 +212,13 @@ async def main_async(n: int, clients: int, max_tokens: int, tmp: Path) -> dict[s
         for name, k in (("base via zero adapter", 0), ("1 adapter", 1), ("4 adapters", 4), ("8 adapters", 8)):
             log.print(f"phase: {name}")
             phases[name] = await closed_loop(e, prompts, specs[:k], clients, max_tokens)
+        # fairness: a burst on one adapter vs another adapter's short requests, FIFO vs the fair gate
+        from pipeline.stages.fair_gate import FairGate
+
+        log.print("phase: burst fairness")
+        n_long = 2 * es.max_num_seqs
+        fairness = {"fifo": await burst(e, specs[0], specs[1], None, n_long, 4),
+                    "fair gate": await burst(e, specs[0], specs[1], FairGate(es.max_num_seqs, 2048), n_long, 4)}
         # correctness: base rows alone vs base rows mixed with adapter rows in the same batches
         s = Sampling(max_tokens=max_tokens, temperature=0.0)
         alone = await asyncio.gather(*(e.generate(msgs(p), s) for p in CHECK))
@@ -227,6 +263,13 @@ async def main_async(n: int, clients: int, max_tokens: int, tmp: Path) -> dict[s
             ft.add_row(ad, name, str(f["request"]), fmt(f["ttft_ms"]), fmt(f["e2e_ms"]), fmt(r["ttft_p50_ms"]),
                        fmt(first_loads[ad]["extra_over_p50_ms"]))
     console.print(ft)
+    bt = Table(title=f"Burst fairness: {2 * es.max_num_seqs} long requests (64 tokens) on a0, then 4 short "
+                     "ones (4 tokens) on a1 0.2 s later")
+    for col in ("admission", "short p50 ms", "short p95 ms", "long p50 ms", "wall s"):
+        bt.add_column(col, justify="left" if col == "admission" else "right")
+    for name, r in fairness.items():
+        bt.add_row(name, fmt(r["short_p50_ms"]), fmt(r["short_p95_ms"]), fmt(r["long_p50_ms"]), fmt(r["wall_s"], 2))
+    console.print(bt)
     console.print(f"base rows identical under mixed traffic: {identical}/{len(CHECK)}")
     console.print(f"(adapter rows differing from base on the same prompts: {adapter_differs}/{len(CHECK)})")
     for r in phases.values():
@@ -235,7 +278,7 @@ async def main_async(n: int, clients: int, max_tokens: int, tmp: Path) -> dict[s
             "model": info.revision, "requests": n, "clients": clients, "max_tokens": max_tokens,
             "lora": {"max_loras": MAX_LORAS, "max_cpu_loras": MAX_CPU_LORAS, "rank": RANK, "adapters": N_ADAPTERS},
             "engine": {"dtype": es.dtype, "max_num_seqs": es.max_num_seqs}, "startup_s": startup,
-            "adapters_made_s": round(make_s, 1), "phases": phases, "first_loads": first_loads,
+            "adapters_made_s": round(make_s, 1), "phases": phases, "first_loads": first_loads, "burst_fairness": fairness,
             "base_identical_under_mixed": identical, "adapter_rows_differ": adapter_differs, "check_prompts": len(CHECK)}
 
 

@@ -142,6 +142,41 @@ def test_a_tampered_adapter_is_refused_and_marked_incompatible(lora_stack):
         shutil.move(backup, weights)
 
 
+
+def test_promote_and_demote_move_an_adapter_in_the_engine(lora_stack):
+    info, keys, data_dir, _ = lora_stack
+    cfg = str(data_dir / "llmpipe.yaml")
+
+    def events(detail: str) -> set[str]:
+        return {e["transition"] for e in sql(data_dir, "SELECT transition FROM weight_events FINAL WHERE "
+                                                       f"name = 'lora-b' AND detail = '{detail}'")}
+
+    def wait_for(detail: str, want: set[str]) -> set[str]:
+        deadline = time.monotonic() + 60
+        while not (want <= (got := events(detail)) and got):
+            assert time.monotonic() < deadline, (detail, got)
+            time.sleep(1)
+        return got
+
+    # lora-b served requests before: it is in the engine (warm or hot); demote sends it to disk
+    assert llmpipe("adapters", "demote", "lora-b", "--to", "cold", "--config", cfg, data_dir=data_dir).returncode == 0
+    assert wait_for("cold by the operator", set()) <= {"warm->cold", "hot->cold"}
+    assert llmpipe("adapters", "promote", "lora-b", "--to", "hot", "--config", cfg, data_dir=data_dir).returncode == 0
+    wait_for("hot by the operator", {"cold->warm", "warm->hot"})
+    loads = sql(data_dir, "SELECT duration_ms FROM weight_events FINAL WHERE name = 'lora-b' AND "
+                          "detail = 'hot by the operator' AND transition = 'cold->warm'")
+    assert loads and loads[0]["duration_ms"] > 0
+    # a request right after finds it hot: no load on its path
+    _, _, r = ask(info, keys["tb"], "Say hello.", "lora-b")
+    rid = r.id.removeprefix("chatcmpl-")
+    deadline = time.monotonic() + 60
+    while not (rows := sql(data_dir, "SELECT labels['adapter_state'] AS state FROM decisions FINAL WHERE "
+                                     f"stage = 'generate' AND request_id = '{rid}'")):
+        assert time.monotonic() < deadline
+        time.sleep(1)
+    assert rows[0]["state"] == "hot"
+
+
 ROLLOUT_PROMPTS = [
     {"id": "capital", "prompt": "What is the capital of France? Answer with one word.", "pattern": "Paris"},
     {"id": "sum", "prompt": "What is 2+2? Answer with a number.", "pattern": "4"},

@@ -32,6 +32,14 @@ def test_residency_moves_adapters_through_cold_warm_hot_by_recency():
         AdapterResidency(max_hot=3, max_warm=2)
 
 
+def test_forgetting_an_adapter_sends_it_back_to_disk():
+    r = AdapterResidency(max_hot=1, max_warm=2)
+    r.used("a@1")
+    assert labels(r.forget("a@1")) == [("a@1", "hot->cold")] and r.state("a@1") == "cold"
+    assert r.forget("a@1") == []
+    assert labels(r.used("a@1")) == [("a@1", "cold->warm"), ("a@1", "warm->hot")]
+
+
 def test_a_new_revision_is_another_adapter():
     r = AdapterResidency(max_hot=2, max_warm=2)
     r.used("a@1")

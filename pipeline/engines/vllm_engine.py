@@ -137,6 +137,12 @@ class VllmEngine:
         assert self.tokenizer is not None, "start() first"
         return chat_prompt_ids(self.tokenizer, messages)
 
+    async def unload_adapter(self, spec: AdapterSpec) -> None:
+        """Drop `spec` from the engine (warm/hot -> cold); its next request loads it again."""
+        key = (spec.name, spec.revision)
+        if self.engine is not None and key in self._lora_ids:
+            await self.engine.remove_lora(self._lora_ids[key])
+
     async def generate(self, messages: list[dict[str, str]], sampling: Sampling,
                        request_id: str | None = None, adapter: AdapterSpec | None = None) -> Generation:
         from vllm import SamplingParams, TokensPrompt

@@ -53,6 +53,15 @@ class AdapterResidency:
     def state_if_evicted(self, key: str) -> AdapterState:
         return "hot" if key in self.hot else "warm"
 
+    def forget(self, key: str) -> list[Transition]:
+        """`key` was removed from the engine."""
+        if key not in self.warm:
+            return []
+        before = self.state(key)
+        self.warm.pop(key, None)
+        self.hot.pop(key, None)
+        return [Transition(key, before, "cold")]
+
     def used(self, key: str) -> list[Transition]:
         """A request runs with `key` (loaded before)."""
         out: list[Transition] = []

@@ -35,7 +35,7 @@ from pipeline.runtime.stage import Outcome, SideRecord, Stage, StageContext
 from pipeline.runtime.topics import TopicNames
 from pipeline.settings import Deployment
 from pipeline.stages.actor_replica import ActorReplica
-from pipeline.stages.adapter_residency import AdapterResidency
+from pipeline.stages.adapter_residency import AdapterResidency, Transition
 from pipeline.stages.adapters import AdapterRegistry, adapter_refusal, incompatibility, refuse_adapter
 from pipeline.stages.deployments import (
     RETRYABLE,
@@ -162,6 +162,8 @@ class GenerateStage(Stage):
         self.provenance: dict[str, Provenance] = {}
         self.member = f"{ctx.settings.worker_id or 'generate'}:{uuid.uuid4().hex[:8]}"
         self.actor = ActorReplica(self.member, self._publish_actor_report)
+        self.loop: asyncio.AbstractEventLoop | None = None
+        self._tasks: set[asyncio.Task] = set()  # promote/demote work
 
     async def start(self) -> None:
         s = self.ctx.settings
@@ -175,15 +177,18 @@ class GenerateStage(Stage):
             self.engines[d.name] = await engine.start()
             self.provenance[d.name] = provenance_for(getattr(engine, "model_dir", None),
                                                      getattr(engine, "tokenizer", None) or self.tokenizer)
+        self.loop = asyncio.get_running_loop()
         actor_home = next((d for d in self.deployments if d.lora and s.lora.enabled), None)
         if actor_home is not None:  # the RL actor's weights are a LoRA adapter: served where adapters are
-            self.actor.attach(lambda spec: self._load_verified(actor_home, spec),
+            self.actor.attach(self._actor_loader(actor_home),
                               lambda msgs, sampling, spec: self.engines[actor_home.name].generate(
                                   msgs, sampling, None, adapter=spec))
         await self.follow_control(self.apply_control)
 
     async def stop(self) -> None:
         await self.actor.drain_tasks()
+        if self._tasks:
+            await asyncio.gather(*list(self._tasks), return_exceptions=True)
         await self.stop_following()
         for engine in self.engines.values():
             await engine.stop()
@@ -193,7 +198,11 @@ class GenerateStage(Stage):
     def apply_control(self, record: object) -> None:
         """Adopt another worker's breaker change. Its half-open probe counts as open here: this
         worker waits out a cooldown of its own rather than probing at the same time."""
-        if self.adapters.apply(record) or self.actor.apply(record):
+        if self.adapters.apply(record):
+            if isinstance(record, AdapterStateChanged):
+                self._adapter_state_changed(record)
+            return
+        if self.actor.apply(record):
             return
         if not isinstance(record, BreakerUpdate) or record.worker == self.member or record.deployment not in self.breakers:
             return
@@ -239,13 +248,12 @@ class GenerateStage(Stage):
             before = residency.state(key)
             load_ms, moves = 0.0, []
             if before == "cold":
-                why = await asyncio.to_thread(incompatibility, spec, self.ctx.settings.lora, engine.revision)
-                if why is not None:
+                try:
+                    load_ms, moves = await self._load_verified(d, spec)
+                except EngineError as exc:
                     if spec.name != ACTOR_ADAPTER:  # the actor's revisions are rejected on their own lifecycle
-                        await self._mark_incompatible(spec, why)
-                    raise EngineError("adapter_unavailable", f"adapter {spec.name} refused: {why}")
-                load_ms = await engine.load_adapter(spec)  # type: ignore[attr-defined]
-                moves += residency.loaded(key)
+                        await self._mark_incompatible(spec, str(exc))
+                    raise
             moves += residency.used(key)
         for t in moves:
             took = load_ms if t.label == "cold->warm" and t.key == key else None
@@ -253,30 +261,85 @@ class GenerateStage(Stage):
                                labels={"adapter": t.key, "from": t.before, "to": t.after},
                                scores={"load_ms": round(took, 2)} if took is not None else {})
             a.rows.append(ev.model_copy(update={"stage": f"{self.name}.adapter", "step": len(a.rows) + 1}))
-            name, _, revision = t.key.partition("@")
-            a.side.append(SideRecord("weight_events", name.encode(), WeightEvent(
-                replica=f"{self.member}/{d.name}", kind="adapter", name=name, revision=revision,
-                transition=t.label, duration_ms=took, request_id=a.doc.request_id,
-                detail="loaded into the CPU cache" if took is not None else "")))
+            a.side.append(SideRecord("weight_events", t.key.partition("@")[0].encode(),
+                                     self._weight_event(d, t, took, a.doc.request_id)))
         return before, load_ms
 
-    async def _load_verified(self, d: Deployment, spec: AdapterSpec) -> float:
+    def _weight_event(self, d: Deployment, t: Transition, took: float | None, request_id: str = "",
+                      detail: str = "") -> WeightEvent:
+        name, _, revision = t.key.partition("@")
+        return WeightEvent(replica=f"{self.member}/{d.name}", kind="adapter", name=name, revision=revision,
+                           transition=t.label, duration_ms=took, request_id=request_id,
+                           detail=detail or ("loaded into the CPU cache" if took is not None else ""))
+
+    async def _load_verified(self, d: Deployment, spec: AdapterSpec) -> tuple[float, list[Transition]]:
         """Verify `spec`'s files (allowed root, rank, checksum) and load it into `d`'s engine (cold ->
-        warm); returns the load time. Raises EngineError(adapter_unavailable) on a failed check."""
+        warm): the load time and the residency moves. Raises EngineError(adapter_unavailable) when a
+        check fails; nothing is loaded then."""
         engine = self.engines[d.name]
         why = await asyncio.to_thread(incompatibility, spec, self.ctx.settings.lora, engine.revision)
         if why is not None:
             raise EngineError("adapter_unavailable", f"adapter {spec.name}@{spec.revision} refused: {why}")
         ms = await engine.load_adapter(spec)  # type: ignore[attr-defined]
-        self.residency[d.name].loaded(f"{spec.name}@{spec.revision}")
-        return ms
+        return ms, self.residency[d.name].loaded(f"{spec.name}@{spec.revision}")
+
+    def _adapter_state_changed(self, record: AdapterStateChanged) -> None:
+        """`llmpipe adapters promote|demote`: bring the engine to the registered state (called from
+        the control follower's thread; the work runs on the worker's loop)."""
+        if self.loop is not None and any(d.lora for d in self.deployments):
+            self.loop.call_soon_threadsafe(lambda: self._background(self._apply_adapter_state(record)))
+
+    def _background(self, coro) -> None:
+        task = asyncio.get_running_loop().create_task(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _apply_adapter_state(self, record: AdapterStateChanged) -> None:
+        spec = self.adapters.specs.get(record.name)
+        if spec is None or not self.ctx.settings.lora.enabled:
+            return
+        key = f"{spec.name}@{spec.revision}"
+        for d in (d for d in self.deployments if d.lora):
+            residency, engine = self.residency[d.name], self.engines[d.name]
+            moves, took = [], None
+            try:
+                async with self._loading.setdefault((d.name, key), asyncio.Lock()):
+                    if record.state in ("warm", "hot") and residency.state(key) == "cold":
+                        took, moves = await self._load_verified(d, spec)
+                    if record.state == "hot" and residency.state(key) != "hot":
+                        # vLLM activates an adapter when a batch needs it: one token makes it resident
+                        await engine.generate([{"role": "user", "content": "hi"}], Sampling(max_tokens=1),
+                                              None, adapter=spec)
+                        moves += residency.used(key)
+                    if record.state in ("cold", "incompatible") and residency.state(key) != "cold":
+                        await engine.unload_adapter(spec)  # type: ignore[attr-defined]
+                        moves += residency.forget(key)
+            except EngineError as exc:
+                log.warning("generate: adapter %s could not be made %s: %s", key, record.state, exc)
+                await self._mark_incompatible(spec, str(exc))
+                continue
+            for t in moves:
+                await self._publish_weight_event(self._weight_event(
+                    d, t, took if t.label == "cold->warm" and t.key == key else None,
+                    detail=f"{record.state} by the operator"))
+
+    def _actor_loader(self, d: Deployment):
+        async def load(spec: AdapterSpec) -> float:
+            ms, _ = await self._load_verified(d, spec)
+            return ms
+
+        return load
 
     async def _publish_actor_report(self, report: object, event: WeightEvent) -> None:
         if self.follower is None:
             return
         await self.follower.publish(report, key=f"actor:{event.revision}".encode())
-        await self.follower.publish_to(TopicNames(self.ctx.topic_prefix)("weight_events"), event,
-                                       key=event.name.encode())
+        await self._publish_weight_event(event)
+
+    async def _publish_weight_event(self, event: WeightEvent) -> None:
+        if self.follower is not None:
+            await self.follower.publish_to(TopicNames(self.ctx.topic_prefix)("weight_events"), event,
+                                           key=event.name.encode())
 
     async def _mark_incompatible(self, spec: AdapterSpec, why: str) -> None:
         change = AdapterStateChanged(name=spec.name, state="incompatible", reason=why)

@@ -28,7 +28,8 @@ TTFT p50/p95 (ms), tokens/s relative to phase 1, and `=base`: how many answers h
 tokens of phase 1 for the same prompt (zero adapter: should be all; real adapters: few).
 Burst fairness: 2 x max_num_seqs long requests (64 tokens) on a0, then 4 short ones (4 tokens) on
 a1 0.2 s later, sent straight into the engine (vLLM's arrival-order queue) and then through
-generate's FairGate (capacity max_num_seqs): the short requests' latency p50/p95 in both.
+generate's FairGate (capacity max_num_seqs, generate's default token budget and reserved slots):
+the short requests' latency p50/p95 in both.
 Then one correctness line on the LoRA engine: 8 base prompts answered alone vs answered while 8
 adapter requests run concurrently (token ids must be identical). Last line of stdout: JSON.
 """
@@ -214,11 +215,15 @@ async def main_async(n: int, clients: int, max_tokens: int, tmp: Path) -> dict[s
             phases[name] = await closed_loop(e, prompts, specs[:k], clients, max_tokens)
         # fairness: a burst on one adapter vs another adapter's short requests, FIFO vs the fair gate
         from pipeline.stages.fair_gate import FairGate
+        from pipeline.stages.generate import GeneratePolicy
+
+        gp = GeneratePolicy()  # generate's defaults for a LoRA deployment
 
         log.print("phase: burst fairness")
         n_long = 2 * es.max_num_seqs
         fairness = {"fifo": await burst(e, specs[0], specs[1], None, n_long, 4),
-                    "fair gate": await burst(e, specs[0], specs[1], FairGate(es.max_num_seqs, 2048), n_long, 4)}
+                    "fair gate": await burst(e, specs[0], specs[1], FairGate(
+                        es.max_num_seqs, gp.adapter_token_budget, reserve=gp.adapter_reserve_slots), n_long, 4)}
         # correctness: base rows alone vs base rows mixed with adapter rows in the same batches
         s = Sampling(max_tokens=max_tokens, temperature=0.0)
         alone = await asyncio.gather(*(e.generate(msgs(p), s) for p in CHECK))

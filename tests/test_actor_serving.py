@@ -6,7 +6,11 @@ with provenance, exported to parquet/jsonl and checked against a teacher-forced 
 
 from __future__ import annotations
 
+import contextlib
+import os
 import shutil
+import subprocess
+import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
 
@@ -17,6 +21,7 @@ import yaml
 from pipeline.engines.lora_factory import make_adapter
 from pipeline.stages.adapters import adapter_digest
 from pipeline.stages.tenants import key_hash, new_api_key
+from tests.conftest import ROOT
 from tests.test_cli_stack import last_json, llmpipe
 
 pytestmark = pytest.mark.integration
@@ -279,15 +284,48 @@ def greedy_rollouts(data_dir, key, file, dataset: str):
 
 def wait_rows(data_dir, dataset: str, n: int, timeout: float = 120) -> list[dict]:
     deadline = time.monotonic() + timeout
-    while len(rows := sql(data_dir, "SELECT sample_id, actor_revision, prompt_token_ids, generated_token_ids "
+    while len(rows := sql(data_dir, "SELECT sample_id, actor_revision, prompt_token_ids, generated_token_ids, "
+                                    "batch_context "
                                     f"FROM rollouts FINAL WHERE prompt_dataset_revision = '{dataset}'")) < n:
         assert time.monotonic() < deadline, f"{len(rows)} of {n} samples of {dataset} in the warehouse"
         time.sleep(1)
     return rows
 
 
+@contextlib.contextmanager
+def second_generate_worker(info, data_dir, cfg: str):
+    """Another member of generate's consumer group (what an operator runs to scale out): a second
+    engine, a second replica of the actor lifecycle."""
+    ready = data_dir / "run" / "worker-generate-2.ready"
+    ready.unlink(missing_ok=True)
+    env = {**os.environ, "LLMPIPE_BOOTSTRAP": info["bootstrap"], "LLMPIPE_TOPIC_PREFIX": info["topic_prefix"]}
+    with open(data_dir / "logs" / "worker-generate-2.log", "ab") as log:
+        proc = subprocess.Popen([sys.executable, "-m", "pipeline.cli", "worker", "generate", "--config", cfg,
+                                 "--data-dir", str(data_dir), "--ready-file", str(ready)], env=env, stdout=log,
+                                stderr=subprocess.STDOUT, cwd=ROOT)
+    try:
+        deadline = time.monotonic() + 300
+        while not ready.exists():
+            assert proc.poll() is None, "the second generate worker exited; see worker-generate-2.log"
+            assert time.monotonic() < deadline, "the second generate worker did not start"
+            time.sleep(0.5)
+        yield proc
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(120)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+
+
 def test_actor_weight_switch_under_load_tags_every_sample_with_the_revision_that_made_it(lora_stack, prepared_model,
                                                                                            tmp_path):
+    info, keys, data_dir, _ = lora_stack
+    with second_generate_worker(info, data_dir, str(data_dir / "llmpipe.yaml")):
+        switch_actor_under_load(lora_stack, prepared_model, tmp_path)
+
+
+def switch_actor_under_load(lora_stack, prepared_model, tmp_path):
     import threading
 
     info, keys, data_dir, roots = lora_stack
@@ -305,12 +343,12 @@ def test_actor_weight_switch_under_load_tags_every_sample_with_the_revision_that
     # a revision whose validation fails is rejected by the replica, and the barrier refuses it
     assert actor("prepare", "act-bad", "--path", str(roots / "act-1"), "--rank", "8",
                  "--validation", str(bad_checks)).returncode == 0
-    refused = actor("activate", "act-bad", "--timeout", "120")
+    refused = actor("activate", "act-bad", "--replicas", "2", "--timeout", "120")
     assert refused.returncode != 0 and "rejected by" in refused.stderr, refused.stderr
     for rev in ("act-1", "act-2"):
         assert actor("prepare", rev, "--path", str(roots / rev), "--rank", "8", "--validation",
                      str(any_answer)).returncode == 0
-    on1 = actor("activate", "act-1", "--timeout", "120")
+    on1 = actor("activate", "act-1", "--replicas", "2", "--timeout", "120")
     assert on1.returncode == 0, on1.stderr
 
     # references: each revision's greedy samples while it alone is active
@@ -323,7 +361,7 @@ def test_actor_weight_switch_under_load_tags_every_sample_with_the_revision_that
         proc=greedy_rollouts(data_dir, keys["plain"], load_file, "switch")))
     runner.start()
     wait_rows(data_dir, "switch", 10, timeout=300)
-    on2 = actor("activate", "act-2", "--timeout", "120")
+    on2 = actor("activate", "act-2", "--replicas", "2", "--timeout", "120")
     assert on2.returncode == 0, on2.stderr
     runner.join(900)
     load = last_json(result["proc"])
@@ -339,6 +377,10 @@ def test_actor_weight_switch_under_load_tags_every_sample_with_the_revision_that
     distinct = [p for p in ref1 if ref1[p][1][:3] != ref2[p][1][:3]]
     assert len(distinct) >= 6, "the two revisions must answer differently to tell them apart"
     switch = wait_rows(data_dir, "switch", 80)
+    import orjson
+
+    workers = {orjson.loads(r["batch_context"])["worker"] for r in switch}
+    assert len(workers) == 2, workers  # both replicas sampled during the switch
     seen = {"act-1": 0, "act-2": 0}
     for r in switch:  # each sample's tokens are those of the revision it is tagged with
         p = tuple(r["prompt_token_ids"])
@@ -350,8 +392,12 @@ def test_actor_weight_switch_under_load_tags_every_sample_with_the_revision_that
         seen[rev] += 1
     assert seen["act-1"] > 0 and seen["act-2"] > 0, seen  # the switch happened under load
 
-    events = sql(data_dir, "SELECT revision, transition FROM weight_events FINAL WHERE kind = 'actor'")
+    events = sql(data_dir, "SELECT revision, transition, replica FROM weight_events FINAL WHERE kind = 'actor'")
     got = {(e["revision"], e["transition"]) for e in events}
+    # the barrier: both generate replicas validated act-2 before it went active, and both switched
+    validated = {e["replica"] for e in events if (e["revision"], e["transition"]) == ("act-2", "validated")}
+    active = {e["replica"] for e in events if (e["revision"], e["transition"]) == ("act-2", "active")}
+    assert len(validated) == 2 and active == validated, events
     assert {("act-2", s) for s in ("prepared", "transferred", "loaded", "validated", "active")} <= got, got
     assert {("act-1", "draining"), ("act-1", "retired"), ("act-bad", "rejected")} <= got, got
 

@@ -114,3 +114,24 @@ async def test_fair_gate_gives_back_a_slot_when_a_waiter_is_cancelled():
     gate.release("x", 5)
     assert gate.in_flight == 0
     assert await gate.acquire("z", 1) == 0.0
+
+
+async def test_reserved_slots_start_a_newcomer_lane_at_once_during_a_burst():
+    gate = FairGate(capacity=4, lane_token_budget=10_000, reserve=1)
+    hold = asyncio.Event()
+    started: list[str] = []
+
+    async def run(lane, tag):
+        async with gate.slot(lane, 10):
+            started.append(tag)
+            await hold.wait()
+
+    burst = [asyncio.create_task(run("a", f"a{i}")) for i in range(8)]
+    await asyncio.sleep(0.01)
+    assert started == ["a0", "a1", "a2"]  # the last slot stays free for another lane
+    newcomer = [asyncio.create_task(run("b", f"b{i}")) for i in range(2)]
+    await asyncio.sleep(0.01)
+    assert started[-1] == "b0" and "b1" not in started  # b's first starts at once; b now has one running
+    hold.set()
+    await asyncio.gather(*burst, *newcomer)
+    assert len(started) == 10 and gate.in_flight == 0 and gate.lane_count == {"a": 0, "b": 0}

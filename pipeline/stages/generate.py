@@ -66,6 +66,8 @@ class GeneratePolicy(BaseModel):
     breaker: BreakerPolicy = Field(default_factory=BreakerPolicy)
     adapter_token_budget: int = Field(2048, ge=1, description="tokens (prompt + max_tokens) one adapter may have "
                                                               "in the engine while another adapter's requests wait")
+    adapter_reserve_slots: int = Field(2, ge=0, description="LoRA engines: slots kept for an adapter with nothing "
+                                                            "running, so a burst cannot take them all")
 
 
 def sampling_for(doc: RequestDoc, policy: GeneratePolicy) -> Sampling:
@@ -126,8 +128,10 @@ def build_engine(d: Deployment, *, default_model_dir: Path, default_revision: st
 def gate_for(d: Deployment, ctx: StageContext, policy: GeneratePolicy) -> FairGate:
     """A LoRA deployment admits no more than the engine batches at once, so the gate (not vLLM's
     arrival-order queue) decides which adapter runs next."""
-    capacity = min(d.concurrency, ctx.settings.engine.max_num_seqs) if d.lora else d.concurrency
-    return FairGate(capacity, policy.adapter_token_budget)
+    if not d.lora:
+        return FairGate(d.concurrency, policy.adapter_token_budget)
+    capacity = min(d.concurrency, ctx.settings.engine.max_num_seqs)
+    return FairGate(capacity, policy.adapter_token_budget, reserve=min(policy.adapter_reserve_slots, capacity - 1))
 
 
 @dataclass

@@ -22,7 +22,6 @@ from pathlib import Path
 from pydantic import BaseModel, Field
 
 from pipeline.contracts import BreakerUpdate, Evidence, RequestDoc, Response, Status, WeightEvent
-from pipeline.contracts.actor import ACTOR_ADAPTER
 from pipeline.contracts.adapter import AdapterSpec
 from pipeline.contracts.base import now_ms
 from pipeline.contracts.control import AdapterStateChanged
@@ -35,8 +34,8 @@ from pipeline.runtime.stage import Outcome, SideRecord, Stage, StageContext
 from pipeline.runtime.topics import TopicNames
 from pipeline.settings import Deployment
 from pipeline.stages.actor_replica import ActorReplica
-from pipeline.stages.adapter_residency import AdapterResidency, Transition
-from pipeline.stages.adapters import AdapterRegistry, adapter_refusal, incompatibility, refuse_adapter
+from pipeline.stages.adapter_host import AdapterHost
+from pipeline.stages.adapters import AdapterRegistry, adapter_refusal, refuse_adapter
 from pipeline.stages.deployments import (
     RETRYABLE,
     Breaker,
@@ -157,17 +156,14 @@ class GenerateStage(Stage):
         self.deployments: list[Deployment] = list(ctx.settings.deployments)
         self.engines: dict[str, ChatEngine] = {}
         self.gates: dict[str, FairGate] = {d.name: gate_for(d, ctx, self.policy) for d in self.deployments}
-        lora = ctx.settings.lora
-        self.residency = {d.name: AdapterResidency(lora.max_loras, lora.max_cpu_loras) for d in self.deployments}
-        self._loading: dict[tuple[str, str], asyncio.Lock] = {}
         self.breakers: dict[str, Breaker] = {d.name: Breaker() for d in self.deployments}
         self.adapters = AdapterRegistry(ctx.settings.adapters)
         self.tokenizer = None
         self.provenance: dict[str, Provenance] = {}
         self.member = f"{ctx.settings.worker_id or 'generate'}:{uuid.uuid4().hex[:8]}"
         self.actor = ActorReplica(self.member, self._publish_actor_report)
-        self.loop: asyncio.AbstractEventLoop | None = None
-        self._tasks: set[asyncio.Task] = set()  # promote/demote work
+        self.host = AdapterHost(self.member, self.deployments, self.engines, ctx.settings.lora, self.adapters,
+                                self._publish_control, self._publish_weight_event)
 
     async def start(self) -> None:
         s = self.ctx.settings
@@ -181,7 +177,7 @@ class GenerateStage(Stage):
             self.engines[d.name] = await engine.start()
             self.provenance[d.name] = provenance_for(getattr(engine, "model_dir", None),
                                                      getattr(engine, "tokenizer", None) or self.tokenizer)
-        self.loop = asyncio.get_running_loop()
+        self.host.started()
         actor_home = next((d for d in self.deployments if d.lora and s.lora.enabled), None)
         if actor_home is not None:  # the RL actor's weights are a LoRA adapter: served where adapters are
             self.actor.attach(self._actor_loader(actor_home),
@@ -191,8 +187,7 @@ class GenerateStage(Stage):
 
     async def stop(self) -> None:
         await self.actor.drain_tasks()
-        if self._tasks:
-            await asyncio.gather(*list(self._tasks), return_exceptions=True)
+        await self.host.drain()
         await self.stop_following()
         for engine in self.engines.values():
             await engine.stop()
@@ -200,11 +195,13 @@ class GenerateStage(Stage):
     # ---- circuit breakers, shared through control ----------------------------------------------
 
     def apply_control(self, record: object) -> None:
-        """Adopt another worker's breaker change. Its half-open probe counts as open here: this
-        worker waits out a cooldown of its own rather than probing at the same time."""
+        """Adopt a `control` record: an adapter registry change (promote/demote also move the adapter
+        in the engines), the actor lifecycle, or another worker's breaker change. Its half-open
+        probe counts as open here: this worker waits out a cooldown of its own rather than probing
+        at the same time."""
         if self.adapters.apply(record):
             if isinstance(record, AdapterStateChanged):
-                self._adapter_state_changed(record)
+                self.host.state_changed(record)
             return
         if self.actor.apply(record):
             return
@@ -239,26 +236,13 @@ class GenerateStage(Stage):
         self.breakers[name] = after
         await self._breaker_changed(name, before, after, reason)
 
-    # ---- LoRA adapters ---------------------------------------------------------------------------
+    # ---- LoRA adapters and the actor -------------------------------------------------------------
 
     async def _prepare_adapter(self, a: "_Attempts", d: Deployment, spec: AdapterSpec) -> tuple[str, float]:
-        """Make `spec` resident in `d`'s engine: verify and load it when cold, activate it. Returns its
-        state before this request and the load time (0 unless it was cold). Every move is evidence
-        (`generate.adapter`) and a `weight_events` row. Raises EngineError(adapter_unavailable) when
-        the files fail verification; the registry then marks it incompatible for every worker."""
+        """Make `spec` resident in `d`'s engine (AdapterHost). Every move is evidence (`generate.adapter`)
+        of this request and a `weight_events` row. Returns the state it found and the load time."""
+        before, load_ms, moves = await self.host.prepare(d, spec)
         key = f"{spec.name}@{spec.revision}"
-        residency, engine = self.residency[d.name], self.engines[d.name]
-        async with self._loading.setdefault((d.name, key), asyncio.Lock()):
-            before = residency.state(key)
-            load_ms, moves = 0.0, []
-            if before == "cold":
-                try:
-                    load_ms, moves = await self._load_verified(d, spec)
-                except EngineError as exc:
-                    if spec.name != ACTOR_ADAPTER:  # the actor's revisions are rejected on their own lifecycle
-                        await self._mark_incompatible(spec, str(exc))
-                    raise
-            moves += residency.used(key)
         for t in moves:
             took = load_ms if t.label == "cold->warm" and t.key == key else None
             ev = self.evidence(a.doc, t.label, f"{t.key} {t.label} on {d.name}", candidates=[d.name],
@@ -266,94 +250,27 @@ class GenerateStage(Stage):
                                scores={"load_ms": round(took, 2)} if took is not None else {})
             a.rows.append(ev.model_copy(update={"stage": f"{self.name}.adapter", "step": len(a.rows) + 1}))
             a.side.append(SideRecord("weight_events", t.key.partition("@")[0].encode(),
-                                     self._weight_event(d, t, took, a.doc.request_id)))
+                                     self.host.weight_event(d, t, took, a.doc.request_id)))
         return before, load_ms
-
-    def _weight_event(self, d: Deployment, t: Transition, took: float | None, request_id: str = "",
-                      detail: str = "") -> WeightEvent:
-        name, _, revision = t.key.partition("@")
-        return WeightEvent(replica=f"{self.member}/{d.name}", kind="adapter", name=name, revision=revision,
-                           transition=t.label, duration_ms=took, request_id=request_id,
-                           detail=detail or ("loaded into the CPU cache" if took is not None else ""))
-
-    async def _load_verified(self, d: Deployment, spec: AdapterSpec) -> tuple[float, list[Transition]]:
-        """Verify `spec`'s files (allowed root, rank, checksum) and load it into `d`'s engine (cold ->
-        warm): the load time and the residency moves. Raises EngineError(adapter_unavailable) when a
-        check fails; nothing is loaded then."""
-        engine = self.engines[d.name]
-        why = await asyncio.to_thread(incompatibility, spec, self.ctx.settings.lora, engine.revision)
-        if why is not None:
-            raise EngineError("adapter_unavailable", f"adapter {spec.name}@{spec.revision} refused: {why}")
-        ms = await engine.load_adapter(spec)  # type: ignore[attr-defined]
-        return ms, self.residency[d.name].loaded(f"{spec.name}@{spec.revision}")
-
-    def _adapter_state_changed(self, record: AdapterStateChanged) -> None:
-        """`llmpipe adapters promote|demote`: bring the engine to the registered state (called from
-        the control follower's thread; the work runs on the worker's loop)."""
-        if self.loop is not None and any(d.lora for d in self.deployments):
-            self.loop.call_soon_threadsafe(lambda: self._background(self._apply_adapter_state(record)))
-
-    def _background(self, coro) -> None:
-        task = asyncio.get_running_loop().create_task(coro)
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
-
-    async def _apply_adapter_state(self, record: AdapterStateChanged) -> None:
-        spec = self.adapters.specs.get(record.name)
-        if spec is None or not self.ctx.settings.lora.enabled:
-            return
-        key = f"{spec.name}@{spec.revision}"
-        for d in (d for d in self.deployments if d.lora):
-            residency, engine = self.residency[d.name], self.engines[d.name]
-            moves, took = [], None
-            try:
-                async with self._loading.setdefault((d.name, key), asyncio.Lock()):
-                    if record.state in ("warm", "hot") and residency.state(key) == "cold":
-                        took, moves = await self._load_verified(d, spec)
-                    if record.state == "hot" and residency.state(key) != "hot":
-                        # vLLM activates an adapter when a batch needs it: one token makes it resident
-                        await engine.generate([{"role": "user", "content": "hi"}], Sampling(max_tokens=1),
-                                              None, adapter=spec)
-                        moves += residency.used(key)
-                    if record.state in ("cold", "incompatible") and residency.state(key) != "cold":
-                        await engine.unload_adapter(spec)  # type: ignore[attr-defined]
-                        moves += residency.forget(key)
-            except EngineError as exc:
-                log.warning("generate: adapter %s could not be made %s: %s", key, record.state, exc)
-                await self._mark_incompatible(spec, str(exc))
-                continue
-            for t in moves:
-                await self._publish_weight_event(self._weight_event(
-                    d, t, took if t.label == "cold->warm" and t.key == key else None,
-                    detail=f"{record.state} by the operator"))
 
     def _actor_loader(self, d: Deployment):
         async def load(spec: AdapterSpec) -> float:
-            ms, _ = await self._load_verified(d, spec)
+            ms, _ = await self.host.load_verified(d, spec)
             return ms
 
         return load
 
     async def _publish_actor_report(self, report: object, event: WeightEvent) -> None:
-        if self.follower is None:
-            return
-        await self.follower.publish(report, key=f"actor:{event.revision}".encode())
-        await self._publish_weight_event(event)
+        await self._publish_control(report, f"actor:{event.revision}".encode())
+        await self._publish_weight_event(event, event.name.encode())
 
-    async def _publish_weight_event(self, event: WeightEvent) -> None:
+    async def _publish_control(self, record: object, key: bytes) -> None:
         if self.follower is not None:
-            await self.follower.publish_to(TopicNames(self.ctx.topic_prefix)("weight_events"), event,
-                                           key=event.name.encode())
+            await self.follower.publish(record, key=key)
 
-    async def _mark_incompatible(self, spec: AdapterSpec, why: str) -> None:
-        change = AdapterStateChanged(name=spec.name, state="incompatible", reason=why)
-        self.adapters.apply(change)
+    async def _publish_weight_event(self, event: object, key: bytes) -> None:
         if self.follower is not None:
-            try:
-                await self.follower.publish(change, key=f"adapter:{spec.name}".encode())
-            except Exception as exc:  # noqa: BLE001 - this worker refuses it anyway
-                log.warning("generate: could not publish adapter %s as incompatible: %s", spec.name,
-                            type(exc).__name__)
+            await self.follower.publish_to(TopicNames(self.ctx.topic_prefix)("weight_events"), event, key=key)
 
     # ---- one request -----------------------------------------------------------------------------
 

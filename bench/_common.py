@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import json
 import os
+import time
 
 
 def pct(values: list[float], q: float) -> float | None:
@@ -75,3 +77,10 @@ def cpu_by_owner(before: dict[int, tuple[int, int]], after: dict[int, tuple[int,
         d = ticks - before.get(pid, (0, 0))[1] if pid in before else ticks
         out[owner] = out.get(owner, 0.0) + d / hz
     return {k: round(v, 1) for k, v in sorted(out.items(), key=lambda kv: -kv[1])}
+
+
+def print_result(console, result: dict, t0: float) -> None:
+    """A bench's closing lines: the wall time for the reader, then one JSON line for tools."""
+    result["wall_s"] = round(time.perf_counter() - t0, 1)
+    console.print(f"wall time {result['wall_s']} s")
+    print(json.dumps(result, separators=(",", ":")))

@@ -19,7 +19,6 @@ Prints rich tables, then one JSON line (the last line of stdout).
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import os
 import platform
@@ -40,7 +39,7 @@ from aiokafka import AIOKafkaProducer  # noqa: E402
 from rich.console import Console  # noqa: E402
 from rich.table import Table  # noqa: E402
 
-from bench._common import CpuWindow, pct  # noqa: E402
+from bench._common import CpuWindow, pct, print_result  # noqa: E402
 from bench.runtime_bench import WorkerProc, create_topics, fmt, paced, run_worker_until  # noqa: E402
 from pipeline.contracts import AdmitRelease, ReplyTo, RequestDoc  # noqa: E402
 from pipeline.contracts.base import now_ms  # noqa: E402
@@ -255,9 +254,7 @@ def main(quick: bool = typer.Option(False, "--quick"),
     t0 = time.perf_counter()
     result = asyncio.run(main_async(5_000 if quick else 20_000, 2_000 if quick else 5_000, rate,
                                     duration if duration is not None else (4.0 if quick else 10.0), 1.0 if quick else 2.0))
-    result["wall_s"] = round(time.perf_counter() - t0, 1)
-    console.print(f"wall time {result['wall_s']} s")
-    print(json.dumps(result, separators=(",", ":")))
+    print_result(console, result, t0)
 
 
 if __name__ == "__main__":

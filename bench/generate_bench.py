@@ -43,7 +43,7 @@ import typer  # noqa: E402
 from rich.console import Console  # noqa: E402
 from rich.table import Table  # noqa: E402
 
-from bench._common import CpuWindow, cpu_by_owner, pct, proc_ticks  # noqa: E402
+from bench._common import CpuWindow, cpu_by_owner, pct, print_result, proc_ticks  # noqa: E402
 
 RATIO_TARGET = 0.9
 STAGES = ["mask", "cache", "route", "admit", "generate", "postprocess"]
@@ -309,9 +309,7 @@ def main(
             import shutil
 
             shutil.rmtree(tmp, ignore_errors=True)
-    result["wall_s"] = round(time.perf_counter() - t0, 1)
-    console.print(f"wall time {result['wall_s']} s")
-    print(json.dumps(result, separators=(",", ":")))
+    print_result(console, result, t0)
 
 
 if __name__ == "__main__":

@@ -37,7 +37,6 @@ adapter requests run concurrently (token ids must be identical). Last line of st
 from __future__ import annotations
 
 import asyncio
-import json
 import os
 import platform
 import sys
@@ -54,7 +53,7 @@ import typer  # noqa: E402
 from rich.console import Console  # noqa: E402
 from rich.table import Table  # noqa: E402
 
-from bench._common import CpuWindow, pct  # noqa: E402
+from bench._common import CpuWindow, pct, print_result  # noqa: E402
 
 console = Console(width=None if sys.stdout.isatty() else 130)
 log = Console(stderr=True)
@@ -310,9 +309,7 @@ def main(
         import shutil
 
         shutil.rmtree(tmp, ignore_errors=True)
-    result["wall_s"] = round(time.perf_counter() - t0, 1)
-    console.print(f"wall time {result['wall_s']} s")
-    print(json.dumps(result, separators=(",", ":")))
+    print_result(console, result, t0)
 
 
 if __name__ == "__main__":

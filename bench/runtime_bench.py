@@ -18,7 +18,6 @@ Prints a rich table per bench, then one JSON line (the last line of stdout).
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import os
 import platform
@@ -42,7 +41,7 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition  # noqa:
 from rich.console import Console  # noqa: E402
 from rich.table import Table  # noqa: E402
 
-from bench._common import CpuWindow, pct  # noqa: E402
+from bench._common import CpuWindow, pct, print_result  # noqa: E402
 from pipeline.contracts import ReplyTo, RequestDoc  # noqa: E402
 from pipeline.contracts.base import now_ms  # noqa: E402
 from pipeline.contracts.request import ChatBody, ChatMessage  # noqa: E402
@@ -372,9 +371,7 @@ def main(
     if any(m not in ("procs", "inproc") for m in modes):
         raise typer.BadParameter("modes are `procs` and `inproc`", param_hint="--workers")
     result = asyncio.run(main_async(rate, duration, warmup, records, conc, modes, skip_throughput))
-    result["wall_s"] = round(time.perf_counter() - t0, 1)
-    console.print(f"wall time {result['wall_s']} s")
-    print(json.dumps(result, separators=(",", ":")))
+    print_result(console, result, t0)
 
 
 if __name__ == "__main__":

@@ -393,6 +393,32 @@ def submit(prompt: Annotated[str, typer.Option("--prompt", help="the user messag
         raise typer.Exit(EXIT_NOT_OK)
 
 
+def _send_lines(s: Settings, file: Path, label: str, **run_load_args: Any) -> Any:
+    """A JSONL file through `run_load` with a progress bar; invalid lines are reported on stderr.
+    `to_doc`, if given, takes the started client and a line (`rollouts submit` builds rollouts)."""
+    from pipeline.ingress.client import Client
+    from pipeline.ingress.load import read_traffic, run_load
+
+    bs, prefix = _stack_bootstrap(s)
+    lines, bad = read_traffic(file)
+    make_doc = run_load_args.pop("to_doc", None)
+
+    async def run() -> Any:
+        with Progress(TextColumn(label), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                      console=err, transient=True) as progress:
+            task = progress.add_task(label, total=len(lines))
+            async with Client(bs, topic_prefix=prefix) as client:
+                to_doc = (lambda line: make_doc(client, line)) if make_doc else None
+                return await run_load(client, lines, on_done=lambda: progress.advance(task), to_doc=to_doc,
+                                      **run_load_args)
+
+    summary = asyncio.run(run())
+    summary.invalid_lines = bad + summary.invalid_lines
+    for inv in summary.invalid_lines[:20]:
+        err.print(f"line {inv.line_no}: {inv.reason}", markup=False, highlight=False)
+    return summary
+
+
 @app.command()
 @command
 def load(file: Annotated[Path, typer.Option("--file", exists=True, dir_okay=False, help="JSONL of chat bodies")],
@@ -403,25 +429,8 @@ def load(file: Annotated[Path, typer.Option("--file", exists=True, dir_okay=Fals
          data_dir: DataDir = Path(".llmpipe"), config: ConfigFile = None, bootstrap: Bootstrap = None,
          json: Json = False) -> None:
     """Send a traffic file and print {sent, by_status, by_error_class, latency_ms}."""
-    from pipeline.ingress.client import Client
-    from pipeline.ingress.load import read_traffic, run_load
-
-    s = _settings(data_dir, config, bootstrap)
-    bs, prefix = _stack_bootstrap(s)
-    lines, bad = read_traffic(file)
-
-    async def run() -> Any:
-        with Progress(TextColumn("load"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                      console=err, transient=True) as progress:
-            task = progress.add_task("load", total=len(lines))
-            async with Client(bs, topic_prefix=prefix) as client:
-                return await run_load(client, lines, rate=rate, concurrency=concurrency, timeout_s=timeout,
-                                      api_key=api_key, on_done=lambda: progress.advance(task))
-
-    summary = asyncio.run(run())
-    summary.invalid_lines = bad + summary.invalid_lines
-    for inv in summary.invalid_lines[:20]:
-        err.print(f"line {inv.line_no}: {inv.reason}", markup=False, highlight=False)
+    summary = _send_lines(_settings(data_dir, config, bootstrap), file, "load", rate=rate, concurrency=concurrency,
+                          timeout_s=timeout, api_key=api_key)
     doc = summary.as_json()
     if not json:
         out.print(f"sent {doc['sent']}: {doc['by_status']} latency {doc['latency_ms']}")
@@ -747,8 +756,6 @@ def rollouts_submit(file: Annotated[Path, typer.Option("--file", exists=True, di
                     data_dir: DataDir = Path(".llmpipe"), config: ConfigFile = None, bootstrap: Bootstrap = None,
                     json: Json = False) -> None:
     """Send every prompt as a `rollout` request; print what came back (samples, scores, actor revisions)."""
-    from pipeline.ingress.client import Client
-    from pipeline.ingress.load import read_traffic, run_load
     from pipeline.rollouts import RolloutOptions, SampleTally, rollout_doc
 
     args = {}
@@ -763,24 +770,10 @@ def rollouts_submit(file: Annotated[Path, typer.Option("--file", exists=True, di
     opts = RolloutOptions(n=n, actor_revision=actor_revision, dataset_revision=dataset_revision,
                           temperature=temperature, top_p=top_p, max_tokens=max_tokens, seed=seed, verifier=verifier,
                           reward=reward, reward_args=args, timeout_s=timeout, api_key=api_key)
-    s = _settings(data_dir, config, bootstrap)
-    bs, prefix = _stack_bootstrap(s)
-    lines, bad = read_traffic(file)
     tally = SampleTally()
-
-    async def run() -> Any:
-        with Progress(TextColumn("rollouts"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                      console=err, transient=True) as progress:
-            task = progress.add_task("rollouts", total=len(lines))
-            async with Client(bs, topic_prefix=prefix) as client:
-                return await run_load(client, lines, rate=None, concurrency=concurrency, timeout_s=timeout,
-                                      on_done=lambda: progress.advance(task), to_doc=lambda l: rollout_doc(client, l, opts),
-                                      on_response=tally.add)
-
-    summary = asyncio.run(run())
-    summary.invalid_lines = bad + summary.invalid_lines
-    for inv in summary.invalid_lines[:20]:
-        err.print(f"line {inv.line_no}: {inv.reason}", markup=False, highlight=False)
+    summary = _send_lines(_settings(data_dir, config, bootstrap), file, "rollouts", rate=None, concurrency=concurrency,
+                          timeout_s=timeout, to_doc=lambda client, line: rollout_doc(client, line, opts),
+                          on_response=tally.add)
     doc = {**summary.as_json(), **tally.as_json(), "run_id": opts.run_id}
     if not json:
         out.print(f"{doc['sent']} prompts: {doc['by_status']}; {doc['samples']} samples, {doc['verified']} verified, "

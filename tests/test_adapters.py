@@ -14,7 +14,7 @@ from pipeline.contracts.request import RouteSection
 from pipeline.runtime.codec import decode, encode
 from pipeline.runtime.stage import StageContext
 from pipeline.settings import Settings, StageSpec
-from pipeline.stages.adapters import AdapterRegistry, LoraSettings, adapter_digest, incompatibility
+from pipeline.stages.adapters import AdapterRegistry, LoraSettings, adapter_digest, incompatibility, verified_snapshot
 from pipeline.stages.route import pick_adapter
 
 
@@ -43,6 +43,24 @@ def test_verification_refuses_what_must_never_load(adapter_dir, tmp_path):
     (adapter_dir / "adapter_model.safetensors").write_bytes(b"\x01" * 64)  # swapped weights
     assert incompatibility(good, lora) == "checksum mismatch"
     assert adapter_digest(adapter_dir) != good.sha256
+
+
+def test_the_engine_loads_a_verified_private_copy(adapter_dir, tmp_path):
+    lora = LoraSettings(allowed_roots=[tmp_path / "roots"])
+    s = spec(adapter_dir)
+    copy, why = verified_snapshot(s, lora, tmp_path / "verified")
+    assert why is None and copy == tmp_path / "verified" / s.sha256 and adapter_digest(copy) == s.sha256
+    # the registered directory changes later: the copy the engine reads stays what was verified,
+    # and a new load is refused
+    (adapter_dir / "adapter_model.safetensors").write_bytes(b"\x01" * 64)
+    assert adapter_digest(copy) == s.sha256
+    assert verified_snapshot(s, lora, tmp_path / "verified") == (None, "checksum mismatch")
+    # a damaged copy is never reused: it is made again from a directory that verifies
+    (adapter_dir / "adapter_model.safetensors").write_bytes(b"\x00" * 64)
+    (copy / "adapter_model.safetensors").write_bytes(b"junk")
+    again, why = verified_snapshot(s, lora, tmp_path / "verified")
+    assert why is None and adapter_digest(again) == s.sha256
+    assert verified_snapshot(s, LoraSettings(allowed_roots=[tmp_path / "x"]), tmp_path / "verified")[0] is None
 
 
 def test_registry_authorises_per_tenant_and_follows_control(adapter_dir):

@@ -53,6 +53,7 @@ class VllmEngine:
         self.adapters_dir = adapters_dir or self.cache_dir / "adapters"
         self._zero = None
         self._lora_ids: dict[tuple[str, str], int] = {}
+        self._lora_paths: dict[tuple[str, str], str] = {}  # where each adapter was loaded from
 
     async def start(self) -> "VllmEngine":
         configure_cpu_env(self.cache_dir)
@@ -106,7 +107,10 @@ class VllmEngine:
         key = (spec.name, spec.revision)  # a new revision is a new adapter to vLLM: no stale weights
         if key not in self._lora_ids:
             self._lora_ids[key] = ZERO_ADAPTER_ID + 1 + len(self._lora_ids)
-        return LoRARequest(f"{spec.name}@{spec.revision}", self._lora_ids[key], str(spec.path))
+        # every request names the directory the adapter was loaded (verified) from: vLLM reads it again
+        # on its own after evicting the adapter
+        return LoRARequest(f"{spec.name}@{spec.revision}", self._lora_ids[key],
+                           self._lora_paths.get(key, str(spec.path)))
 
     async def load_adapter(self, spec: AdapterSpec) -> float:
         """Load `spec` into the engine's CPU cache (cold → warm) and return the milliseconds it took.
@@ -114,6 +118,7 @@ class VllmEngine:
         if self.engine is None or self.lora is None:
             raise EngineError("adapter_unavailable", "this engine does not serve LoRA adapters")
         t0 = time.perf_counter()
+        self._lora_paths[(spec.name, spec.revision)] = str(spec.path)
         try:
             await self.engine.add_lora(self._lora_request(spec))
         except Exception as exc:  # noqa: BLE001 - vLLM raises plain errors for bad adapter files

@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Awaitable, Callable
+from pathlib import Path
 from typing import Any
 
 from pipeline.contracts import WeightEvent
@@ -17,7 +18,7 @@ from pipeline.contracts.control import AdapterStateChanged
 from pipeline.engines.chat_engine import EngineError, Sampling
 from pipeline.settings import Deployment
 from pipeline.stages.adapter_residency import AdapterResidency, Transition
-from pipeline.stages.adapters import AdapterRegistry, LoraSettings, incompatibility
+from pipeline.stages.adapters import AdapterRegistry, LoraSettings, verified_snapshot
 
 log = logging.getLogger(__name__)
 
@@ -30,8 +31,10 @@ def adapter_key(spec: AdapterSpec) -> str:
 
 class AdapterHost:
     def __init__(self, member: str, deployments: list[Deployment], engines: dict[str, Any], lora: LoraSettings,
-                 registry: AdapterRegistry, publish_control: Publish, publish_weight_event: Publish) -> None:
+                 registry: AdapterRegistry, publish_control: Publish, publish_weight_event: Publish,
+                 snapshots: Path) -> None:
         self.member = member
+        self.snapshots = snapshots  # verified private copies the engines load (adapters.verified_snapshot)
         self.lora_deployments = [d for d in deployments if d.lora] if lora.enabled else []
         self.engines = engines  # filled by generate's start()
         self.lora = lora
@@ -66,14 +69,14 @@ class AdapterHost:
         return before, load_ms, moves
 
     async def load_verified(self, d: Deployment, spec: AdapterSpec) -> tuple[float, list[Transition]]:
-        """Verify `spec`'s files (allowed root, rank, checksum) and load it into `d`'s engine (cold ->
-        warm): the load time and the residency moves. Raises EngineError(adapter_unavailable) when a
-        check fails; nothing is loaded then."""
+        """Verify `spec`'s files (allowed root, rank, checksum) and load a verified copy into `d`'s
+        engine (cold -> warm): the load time and the residency moves. Raises
+        EngineError(adapter_unavailable) when a check fails; nothing is loaded then."""
         engine = self.engines[d.name]
-        why = await asyncio.to_thread(incompatibility, spec, self.lora, engine.revision)
-        if why is not None:
+        copy, why = await asyncio.to_thread(verified_snapshot, spec, self.lora, self.snapshots, engine.revision)
+        if copy is None:
             raise EngineError("adapter_unavailable", f"adapter {adapter_key(spec)} refused: {why}")
-        ms = await engine.load_adapter(spec)
+        ms = await engine.load_adapter(spec.model_copy(update={"path": copy}))
         return ms, self.residency[d.name].loaded(adapter_key(spec))
 
     def weight_event(self, d: Deployment, t: Transition, took: float | None, request_id: str = "",

@@ -12,6 +12,8 @@ and never served.
 from __future__ import annotations
 
 import hashlib
+import shutil
+import uuid
 from pathlib import Path
 from pydantic import BaseModel, Field
 
@@ -57,6 +59,32 @@ def incompatibility(spec: AdapterSpec, lora: LoraSettings, base_revision: str | 
         if adapter_digest(path) != spec.sha256:
             return "checksum mismatch"
     return None
+
+
+def verified_snapshot(spec: AdapterSpec, lora: LoraSettings, snapshots: Path,
+                      base_revision: str | None = None) -> tuple[Path | None, str | None]:
+    """(a private copy of the adapter whose digest matches the registry, None) or (None, why not).
+
+    The engine loads the copy, never the registered directory: vLLM may evict an adapter and read it
+    again later on its own, and by then the directory could have changed. The copy is named by its
+    digest and checked again whenever it is reused."""
+    why = incompatibility(spec, lora, base_revision)
+    if why is not None:
+        return None, why
+    dest = Path(snapshots) / spec.sha256
+    if (dest / "adapter_config.json").is_file() and adapter_digest(dest) == spec.sha256:
+        return dest, None
+    tmp = dest.with_name(f"{dest.name}.tmp-{uuid.uuid4().hex[:8]}")
+    shutil.copytree(spec.path.expanduser().resolve(), tmp)
+    if adapter_digest(tmp) != spec.sha256:  # changed between the check and the copy
+        shutil.rmtree(tmp, ignore_errors=True)
+        return None, "checksum mismatch"
+    shutil.rmtree(dest, ignore_errors=True)  # a copy that no longer verifies
+    try:
+        tmp.rename(dest)
+    except OSError:  # another worker made it first
+        shutil.rmtree(tmp, ignore_errors=True)
+    return dest, None
 
 
 class AdapterRegistry:

@@ -163,7 +163,8 @@ class GenerateStage(Stage):
         self.member = f"{ctx.settings.worker_id or 'generate'}:{uuid.uuid4().hex[:8]}"
         self.actor = ActorReplica(self.member, self._publish_actor_report)
         self.host = AdapterHost(self.member, self.deployments, self.engines, ctx.settings.lora, self.adapters,
-                                self._publish_control, self._publish_weight_event)
+                                self._publish_control, self._publish_weight_event,
+                                snapshots=ctx.settings.resolved_data_dir() / "adapters" / "verified")
 
     async def start(self) -> None:
         s = self.ctx.settings

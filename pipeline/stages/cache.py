@@ -14,6 +14,7 @@ from pathlib import Path
 
 from pipeline.contracts import RequestDoc, Response, Status
 from pipeline.engines.embedder import ready_shared_embedder
+from pipeline.engines.text_analyzer import shared_analyzer
 from pipeline.runtime.stage import Outcome, Stage, StageContext
 from pipeline.stages.cache_policy import CachePolicy
 from pipeline.stages.semantic_cache import KEYWORD_FIELDS, NUMERIC_FIELDS, Lookup, SemanticCache
@@ -42,7 +43,9 @@ class CacheStage(Stage):
         if spec.startswith("edge:"):
             Path(spec[5:]).mkdir(parents=True, exist_ok=True)
         index = await asyncio.to_thread(open_index, spec, embedder.dim, KEYWORD_FIELDS, NUMERIC_FIELDS)
-        self.cache = SemanticCache(index, embedder, self.policy)
+        analyzer = await asyncio.to_thread(shared_analyzer)  # Kiwi + spaCy load in ~2 s
+        await asyncio.to_thread(analyzer.analyze, "warm up 준비")
+        self.cache = SemanticCache(index, embedder, self.policy, analyzer)
         await self.follow_control(self.cache.apply)  # the whole changelog, before answering anyone
 
     async def stop(self) -> None:
@@ -56,7 +59,8 @@ class CacheStage(Stage):
         ev = self.evidence(doc, sec.decision, sec.reason, candidates=lookup.candidates,
                            scores={k: v for k, v in {"similarity": sec.similarity, "threshold": sec.threshold}.items()
                                    if v is not None} | {f"gate.{k}": float(v) for k, v in sec.gate.items()},
-                           revisions={"embedding": sec.embedding_revision or ""},
+                           revisions={"embedding": sec.embedding_revision or "",
+                                      "gate_analyzer": self.cache.analyzer.revision if self.cache else ""},
                            labels={"domain": sec.domain, "mode": sec.mode})
         if sec.decision == "hit":
             if "postprocess" in self.topology_names:

@@ -13,11 +13,13 @@ from __future__ import annotations
 import hashlib
 import re
 from dataclasses import dataclass, field
+from collections.abc import Callable
 from typing import Literal
 
 from pydantic import BaseModel, Field
 
 from pipeline.contracts import RequestDoc
+from pipeline.engines.text_analyzer import Analysis, Token
 
 Mode = Literal["on", "shadow", "off"]
 
@@ -46,7 +48,7 @@ def _default_domains() -> dict[str, DomainRule]:
 
 
 class CachePolicy(BaseModel):
-    version: str = "cache-v1"
+    version: str = "cache-v2"
     mode: Mode = "on"
     tenant_modes: dict[str, Mode] = Field(default_factory=dict)
     domain_modes: dict[str, Mode] = Field(default_factory=dict)
@@ -63,6 +65,17 @@ class CachePolicy(BaseModel):
     cache_masked_entities: bool = False
     top_k: int = 5
     word_match: float = Field(0.8, description="cosine at which an unmatched English word counts as paraphrased")
+    # all-MiniLM-L6-v2 is English-only: Korean paraphrases score 0.2-0.6, so Korean prompts pick
+    # candidates at a lower threshold; the gate, not the cosine, decides the hit
+    hangul_threshold_offset: float = Field(0.3, ge=0.0, le=1.0)
+
+    def threshold_for(self, domain: str, text: str) -> float | None:
+        rule = self.domains.get(domain)
+        if rule is None or rule.threshold is None:
+            return None
+        if len(re.findall(r"[가-힣]", text)) > len(re.findall(r"[A-Za-z]", text)):
+            return max(0.0, rule.threshold - self.hangul_threshold_offset)
+        return rule.threshold
 
     def mode_for(self, tenant: str | None, domain: str) -> Mode:
         return self.domain_modes.get(domain) or self.tenant_modes.get(tenant or "") or self.mode
@@ -166,9 +179,24 @@ def bypass_reason(doc: RequestDoc, policy: CachePolicy, domain: str) -> str | No
 
 
 # ---- the verification gate -------------------------------------------------------------------
+#
+# The gate compares the *words* of two prompts, by kind, from a morphological analysis (Kiwi for
+# Korean, spaCy for English: `engines/text_analyzer.py`). Every content word on one side must be
+# accounted for on the other: the same lemma, a known synonym, a morphological variant, or part of
+# a compound. What is left over decides:
+# - slots (nouns, names, adjectives, determiners) left over on *both* sides: a substitution, a
+#   different thing asked about -> fail ("reset my password" / "reset my router");
+# - verbs left over on both sides: a different action -> fail (cancel / change my order);
+#   English common nouns and verbs may pass on word-embedding similarity >= `word_match`;
+# - a slot left over on one side while the other side has only a stray verb in its place: the
+#   tagger called a noun a verb (bio) -> fail;
+# - slots on one side only: added detail, allowed when it is at most `ADDED_SLOTS_MAX` generic
+#   (frequent) words and no name ("the latest version of the app" vs "on the router");
+# - a verb or adverb on one side only is rewording, unless it pins down a day, a time or a
+#   direction (`_SPECIFIC`): enable/disable, today/tomorrow must agree wherever they appear.
+# Numbers (digits and number words), masked entities and negation must agree exactly.
 
 _NUMBER = re.compile(r"\d+(?:[.,]\d+)*")
-_WORD = re.compile(r"[a-z0-9']+|[가-힣]+")
 _NEGATION_EN = {"not", "no", "never", "without", "cannot", "can't", "won't", "don't", "doesn't", "didn't",
                 "isn't", "aren't", "wasn't", "shouldn't", "couldn't", "wouldn't", "exclude", "excluding", "except",
                 "neither", "nor", "unable", "fail", "failed", "fails"}
@@ -180,81 +208,58 @@ _STOP_EN = {
     "may", "might", "must", "please", "pls", "plz", "hi", "hello", "hey", "thanks", "thank", "there", "this",
     "that", "these", "those", "if", "get", "got", "need", "want", "like", "just", "some", "any", "there's",
     "i'm", "i've", "it's", "what's", "how's", "let", "know", "tell", "help", "way", "about", "from", "by", "up",
-    "into", "out", "again", "also", "ok", "okay", "kindly", "possible", "anyone", "someone", "go",
+    "into", "out", "again", "also", "ok", "okay", "kindly", "possible", "anyone", "someone", "go", "have", "has",
+    "make", "do", "able", "really", "anymore", "still", "already", "even", "exactly", "actually", "yes",
 }
-_KO_SUFFIXES = sorted([
-    "에서는", "으로는", "에게서", "이라도", "입니다", "습니다", "합니다", "해주세요", "해 주세요", "주세요", "할까요",
-    "하나요", "인가요", "나요", "가요", "까요", "세요", "어요", "아요", "해요", "이요", "예요", "에요", "에서",
-    "으로", "에게", "한테", "까지", "부터", "처럼", "보다", "이랑", "하고", "은", "는", "이", "가", "을", "를",
-    "에", "로", "의", "도", "만", "와", "과", "요", "죠", "하는", "하려면", "하려고", "하면", "되나",
-    "되나요", "돼요", "되요", "할", "해", "하",
-], key=len, reverse=True)
 _STOP_KO = {"어떻게", "어떡해", "좀", "제", "저", "나", "내", "혹시", "그", "이거", "저거", "뭐", "무엇", "언제",
             "어디", "왜", "안녕하세요", "감사합니다", "부탁", "부탁드립니다", "방법", "알려", "알려주세요", "궁금",
-            "궁금해요", "있나", "있어", "있나요", "있어요", "수", "때", "건가요", "것", "거", "좀요", "하는법", "법",
-            "안", "못", "돼", "되", "됨", "하다", "해요", "할"}
+            "수", "때", "것", "거", "법", "하", "되", "있", "없", "가능", "필요", "싶", "주", "보", "알", "어떻",
+            "이렇", "그렇", "어떤", "뭐뭐", "얼마나", "얼마", "좀", "이", "그", "저", "데", "줄", "뿐", "듯", "만큼",
+            "번", "개", "원", "적", "채", "중", "등", "분", "쪽", "편", "해", "드리", "받", "알리", "주시"}
+
+# Multi-word expressions that are one word to the gate: "turn on" is "enable" (normalised before
+# analysis, so "turn on dark mode" and "enable dark mode" compare as the same verb).
+_PHRASES = [
+    (r"\bturn(?:s|ed|ing)? on\b", "enable"), (r"\bturn(?:s|ed|ing)? off\b", "disable"),
+    (r"\bswitch(?:es|ed|ing)? on\b", "enable"), (r"\bswitch(?:es|ed|ing)? off\b", "disable"),
+    (r"\bsign(?:s|ed|ing)? ?up\b", "register"), (r"\bsign(?:s|ed|ing)? ?in\b", "login"),
+    (r"\blog(?:s|ged|ging)? ?in(?:to)?\b", "login"), (r"\bsign(?:s|ed|ing)? ?out\b", "logout"),
+    (r"\blog(?:s|ged|ging)? ?(?:me )?out\b", "logout"), (r"\bwork(?:s|ed|ing)? out\b", "exercise"),
+    (r"\bpick(?:s|ed|ing)? ?up\b", "collect"), (r"\bp\.?o\.? box", "pobox"), (r"\bset ?up\b", "setup"),
+    (r"\bin-?store\b", "store"),
+]
+_KO_NATIVE = {"한": 1, "두": 2, "세": 3, "네": 4, "다섯": 5}
+_EN_NUMBER = {"two": 2, "three": 3, "four": 4, "five": 5, "six": 6, "seven": 7, "eight": 8, "nine": 9, "ten": 10,
+              "twice": 2, "double": 2, "dozen": 12}
+_KO_UNIT = {"십": 10, "백": 100, "천": 1_000, "만": 10_000, "억": 100_000_000}
 
 
 def numbers(text: str) -> set[str]:
+    """Quantities as digits: "5만원" = "50,000원", "two cards" = "2 cards", "두 번" = "2번"."""
+    text = re.sub(r"(\d+(?:[.,]\d+)*)\s*(십|백|천|만|억)",
+                  lambda m: str(int(float(m.group(1).replace(",", "")) * _KO_UNIT[m.group(2)])), text)
+    text = re.sub(r"(?<![가-힣])(한|두|세|네|다섯) ?(?=(?:번|개|장|명|달|시간|사람|가지|권|병|잔|대|살)(?![가-힣]{2}))",
+                  lambda m: str(_KO_NATIVE[m.group(1)]), text)
+    text = re.sub(r"\b(" + "|".join(_EN_NUMBER) + r")\b", lambda m: str(_EN_NUMBER[m.group(1).lower()]), text,
+                  flags=re.IGNORECASE)
     return {n.replace(",", "") for n in _NUMBER.findall(text)}
 
 
-def negated(text: str) -> bool:
+def negated(text: str, analysis: Analysis | None = None) -> bool:
     lowered = text.lower()
-    words = set(_WORD.findall(lowered))
+    words = set(re.findall(r"[a-z']+", lowered))
     return (bool(words & _NEGATION_EN) or "n't" in lowered or bool(re.search(r"\bnon-?[a-z]", lowered))
-            or any(k in lowered for k in _NEGATION_KO))
+            or any(k in lowered for k in _NEGATION_KO)
+            or (analysis is not None and any(t.kind == "neg" for t in analysis.tokens)))
 
 
-def _ko_stem(word: str) -> str:
-    for suffix in _KO_SUFFIXES:
-        if word.endswith(suffix) and len(word) > len(suffix):
-            return word[: -len(suffix)]
-    return word
-
-
-def _en_stem(word: str) -> str:
-    if word.endswith("ss") or word.endswith("us") or word.endswith("is"):
-        return word
-    for suffix in ("ing", "ed", "es", "s"):
-        if word.endswith(suffix) and len(word) - len(suffix) >= 3:
-            return word[: -len(suffix)]
-    return word
-
-
-# Korean words ending like this are predicates (verbs/adjectives): rewording, not a different object
-# (ambiguous endings such as 면/고/게/어/아/다 are left out: 화면, 창고, 가게, 영어, 바다 are nouns)
-_KO_PREDICATE_END = ("요", "나요", "까", "죠", "줘", "돼", "냐", "할", "볼", "해")
-_KO_NOUN_PARTICLES = ("은", "는", "이", "가", "을", "를", "에", "에서", "으로", "로", "의", "도", "만", "와", "과", "까지",
-                      "부터", "한테", "에게", "처럼", "보다")
-
-
-def korean_predicates(text: str) -> set[str]:
-    """Stems of Korean words that read as predicates (end in a verbal ending, not a noun particle)."""
-    out = set()
-    for w in re.findall(r"[가-힣]+", text):
-        stem = _ko_stem(w)
-        if stem == w and len(w) >= 2 and not w.endswith(("하", "되")):
-            continue  # a bare word: most likely a noun
-        if any(w.endswith(p) and len(w) > len(p) and _ko_stem(w) == w[: -len(p)] for p in _KO_NOUN_PARTICLES):
-            continue  # noun + particle (은/는/을 read as particles: a name like 이지은 must stay a noun)
-        if w.endswith(_KO_PREDICATE_END) or stem != w:
-            out.add(stem)
-    return out
-
-
-def content_words(text: str) -> set[str]:
-    out = set()
-    for w in _WORD.findall(_PLACEHOLDER.sub(" ", re.sub(r"(?<=\w)-(?=\w)", "", text.lower()))):
-        if w.isdigit() or w in _NEGATION_EN:
-            continue
-        if re.match(r"[가-힣]", w):
-            stem = _ko_stem(w)
-            if stem and stem not in _STOP_KO and w not in _STOP_KO:
-                out.add(stem)
-        elif w not in _STOP_EN and len(w) > 1:
-            out.add(_en_stem(w.replace("'", "")))
-    return out
+def normalise(text: str) -> str:
+    """What the analyser sees: placeholders out (compared on their own), hyphenated words joined,
+    multi-word expressions as one word."""
+    text = re.sub(r"(?<=\w)-(?=\w)", "", _PLACEHOLDER.sub(" ", text))
+    for pattern, word in _PHRASES:
+        text = re.sub(pattern, word, text, flags=re.IGNORECASE)
+    return text
 
 
 # Words that pin down *which* thing is meant: they must match exactly, never by similarity.
@@ -267,35 +272,85 @@ _SPECIFIC = {
     "upgrade", "downgrade", "buy", "sell", "import", "export", "upload", "download", "before", "after",
     "good", "bad", "best", "worst", "avoid", "safe", "unsafe", "email", "mail", "mailing", "postal", "billing",
     "shipping", "home", "work", "business", "personal", "first", "last", "new", "old", "next", "previous",
-    "coming", "upcoming", "early", "late", "earlier", "later",
+    "coming", "upcoming", "early", "late", "earlier", "later", "install", "uninstall", "login", "logout",
+    "lock", "unlock", "send", "receive", "increase", "decrease", "raise", "lower", "more", "less",
 }
 _SPECIFIC_KO = {"켜", "끄", "꺼", "추가", "삭제", "포함", "별도", "제외", "오전", "오후", "어제", "오늘", "내일", "주말", "평일",
-                "열", "닫", "시작", "중지", "해지", "가입", "올리", "내리", "좋", "나쁘", "피하", "피해", "좋은", "나쁜"}
-# Paraphrase lexicon: words that name the same thing (tuned on tests/data/cache_pairs.jsonl; see README).
+                "열", "닫", "시작", "중지", "해지", "가입", "올리", "내리", "좋", "나쁘", "피하", "피해", "좋은", "나쁜",
+                "설치", "로그인", "로그아웃", "보내", "늘리", "줄이", "이번", "다음", "지난"}
+# Paraphrase lexicon: words that name the same thing (grown on tests/data/cache_pairs.jsonl: see README).
 _SYNONYMS = [
     {"ship", "deliver", "delivery", "shipping", "send"}, {"reset", "recover", "change"},
     {"password", "passcode", "pw"}, {"app", "application"}, {"buy", "purchase"}, {"price", "cost"},
-    {"refund", "reimburse", "money back"}, {"cancel", "cancellation"}, {"sign", "register", "signup"},
-    {"login", "log", "signin"}, {"phone", "mobile", "cell"}, {"store", "shop"}, {"item", "product"},
-    {"symptom", "sign"}, {"cause", "why"}, {"fee", "charge", "cost"}, {"long", "duration"},
+    {"refund", "reimburse", "money back"}, {"cancel", "cancellation", "stop", "terminate"},
+    {"register", "signup", "subscribe", "enroll"}, {"login", "log", "signin"}, {"phone", "mobile", "cell"},
+    {"store", "shop"}, {"item", "product", "something", "thing"}, {"symptom", "sign"}, {"cause", "reason"},
+    {"fee", "charge", "cost", "much"}, {"long", "duration", "time"}, {"change", "update", "edit", "modify", "switch", "set"},
+    {"package", "parcel"}, {"history", "record", "log"}, {"safe", "secure"}, {"website", "site"},
+    {"picture", "photo", "image"}, {"hour", "time"}, {"copy", "download", "export"}, {"teen", "teenager", "adolescent"},
+    {"often", "frequently"}, {"fast", "quickly", "quick"}, {"human", "person", "agent", "representative"},
+    {"talk", "speak", "chat"}, {"contact", "reach"}, {"find", "locate", "check", "see", "view", "look"},
+    {"top", "first"}, {"pair", "connect"}, {"offer", "sell", "provide", "have"}, {"show", "display", "read"},
+    {"common", "typical", "usual"}, {"signature", "sign"}, {"auto", "automatic"}, {"arrive", "come"},
+    {"lower", "reduce", "decrease", "cut"}, {"raise", "increase"}, {"forget", "lose"}, {"apply", "enter", "use"},
+    {"drain", "die"},
     {"비밀번호", "비번", "패스워드"}, {"재설정", "초기화", "변경", "바꾸"}, {"배송", "택배", "배달"},
-    {"앱", "어플", "애플리케이션"}, {"환불", "돈"}, {"취소", "캔슬"}, {"가입", "등록"}, {"제품", "상품", "물건"},
+    {"앱", "어플", "애플리케이션"}, {"환불", "돈"}, {"취소", "캔슬", "해지"}, {"가입", "등록", "신청", "구독"}, {"제품", "상품", "물건"},
     {"구매", "구입", "사"}, {"가격", "비용", "요금"}, {"판매", "팔"}, {"연결", "페어링"}, {"출력", "인쇄", "프린트"},
-    {"교환", "바꿔"}, {"신청", "접수"}, {"방법", "어떻게"},
+    {"교환", "바꿔"}, {"신청", "접수"}, {"방법", "어떻게"}, {"휴대폰", "폰", "핸드폰", "휴대전화"}, {"기록", "내역"},
+    {"리뷰", "후기"}, {"공복", "빈속"}, {"회원", "멤버십"}, {"삭제", "지우"}, {"사인", "서명"}, {"커서", "포인터"},
+    {"수정", "변경", "바꾸"}, {"발급", "발행"}, {"스크린샷", "캡처", "화면캡처"}, {"모든", "전체", "전부"},
+    {"카톡", "카카오톡"}, {"잊어버리", "까먹", "잊"}, {"확인", "보", "조회"}, {"대화", "채팅"}, {"성인", "어른"}, {"원인", "이유"}, {"일반", "기본", "보통"},
+    {"작성", "남기"}, {"송장", "운송장"}, {"다운로드", "내려받"}, {"저장공간", "용량", "저장용량"},
 ]
-_SYN_INDEX = {w: i for i, group in enumerate(_SYNONYMS) for w in group}
+_SYN_INDEX: dict[str, set[int]] = {}
+for _i, _group in enumerate(_SYNONYMS):
+    for _w in _group:
+        _SYN_INDEX.setdefault(_w, set()).add(_i)
+
+_SLOTS = ("noun", "name", "adj", "det")
+_CONTENT = (*_SLOTS, "verb", "adv")
+ADDED_SLOTS_MAX = 2
+# an added word this frequent is generic (version, time, team); rarer ones name a specific thing
+# (router, laptop, 공유기): wordfreq Zipf scale, log10 of occurrences per billion words
+GENERIC_ZIPF = 4.5
 
 
 def _same_word(a: str, b: str) -> bool:
-    if a == b:
-        return True
-    ga, gb = _SYN_INDEX.get(a), _SYN_INDEX.get(b)
-    if ga is not None and ga == gb:
+    if a == b or _SYN_INDEX.get(a, set()) & _SYN_INDEX.get(b, set()):
         return True
     # morphological variants: deliver/delivery, 화면녹화/녹화 (one contains the other, long enough)
     short, long_ = sorted((a, b), key=len)
     hangul = bool(re.match(r"[가-힣]", short))
-    return len(short) >= (2 if hangul else 4) and long_.startswith(short) and len(long_) - len(short) <= 3
+    if len(short) >= (2 if hangul else 4) and long_.startswith(short) and len(long_) - len(short) <= 3:
+        return True
+    # Korean compounds with the same head and synonymous rest: 배송비/택배비
+    if hangul:
+        return len(short) >= 3 and a[-1] == b[-1] and _same_word(a[:-1], b[:-1])
+    # a typo: two neighbouring letters swapped in a longer word (chnage, usernmae)
+    return len(a) == len(b) >= 5 and sorted(a) == sorted(b) and sum(x != y for x, y in zip(a, b)) == 2 and any(
+        a[i] == b[i + 1] and a[i + 1] == b[i] for i in range(len(a) - 1))
+
+
+def content_tokens(analysis: Analysis) -> list[Token]:
+    out = []
+    for t in analysis.tokens:
+        if t.kind not in _CONTENT or t.surface in _NEGATION_EN:
+            continue
+        if re.match(r"[가-힣]", t.lemma):
+            if t.lemma in _STOP_KO:
+                continue
+        elif t.lemma in _STOP_EN or t.surface in _STOP_EN or len(t.lemma) < 2:
+            continue
+        out.append(t)
+    return out
+
+
+def _specific(t: Token) -> bool:
+    if t.surface in _SPECIFIC or t.lemma in _SPECIFIC_KO:
+        return True
+    # lemma only for verbs and base forms: "latest" is not "late", "best" stays "best"
+    return t.lemma in _SPECIFIC and (t.kind == "verb" or t.surface == t.lemma)
 
 
 @dataclass
@@ -306,54 +361,58 @@ class GateVerdict:
     unmatched: list[str] = field(default_factory=list)
 
 
-def _unmatched(words: list[str], other: set[str], other_compact: str) -> list[str]:
+def _unmatched(tokens: list[Token], other: list[Token], other_compact: str) -> list[Token]:
     out = []
-    for w in words:
-        if any(_same_word(w, o) for o in other):
+    for t in tokens:
+        if any(_same_word(t.lemma, o.lemma) or _same_word(t.surface, o.surface) for o in other):
             continue
-        if re.match(r"[가-힣]", w) and len(w) >= 2 and w in other_compact:
+        if re.match(r"[가-힣]", t.lemma) and len(t.lemma) >= 2 and t.lemma in other_compact:
             continue  # Korean spacing: 학생 할인 vs 학생할인
-        out.append(w)
+        out.append(t)
     return out
 
 
-def gate(query: str, candidate: str, word_similarity, word_match: float) -> GateVerdict:
-    """Do query and cached prompt ask the same thing?
+def _substituted(side: list[Token], other: list[Token], word_similarity, word_match: float) -> list[str]:
+    """The words of `side` that no word of `other` paraphrases: only English common nouns and verbs
+    may pass on embedding similarity."""
+    common = [t.lemma for t in side if t.kind in ("noun", "verb") and not re.match(r"[가-힣]", t.lemma)]
+    others = [t.lemma for t in other if not re.match(r"[가-힣]", t.lemma)]
+    close = word_similarity(common, others) if common and others else [0.0] * len(common)
+    return [t.lemma for t in side if t.lemma not in common] + [w for w, s in zip(common, close) if s < word_match]
 
-    Numbers, masked entities and negation must agree. Content words: a word only one side has is
-    an added detail or a rewording; words *both* sides lack in the other are a substitution
-    ("reset my password" / "reset my router") and fail, unless they are known synonyms, or
-    English words whose embeddings are close (`word_similarity` >= word_match) and that do not
-    pin down a specific day, action or direction. Korean substitutions never pass on similarity:
-    the English embedding model does not separate Korean nouns."""
+
+def gate(query: str, candidate: str, analyze: Callable[[str], Analysis], word_similarity,
+         word_match: float) -> GateVerdict:
+    """Do query and cached prompt ask the same thing? (the rules are above)
+
+    `word_similarity(words, against)` lets close English common nouns count as the same word
+    (>= word_match); names, adjectives and Korean words never pass on similarity: co-hyponyms
+    (Canada/Mexico, 부산/대전) embed close together."""
+    qa, ca = analyze(normalise(query)), analyze(normalise(candidate))
     checks = {
         "numbers": numbers(query) == numbers(candidate),
         "entities": set(_PLACEHOLDER.findall(query)) == set(_PLACEHOLDER.findall(candidate)),
-        "negation": negated(query) == negated(candidate),
+        "negation": negated(query, qa) == negated(candidate, ca),
     }
-    qw, cw = content_words(query), content_words(candidate)
-    q_compact = re.sub(r"\s+", "", query.lower())
-    c_compact = re.sub(r"\s+", "", candidate.lower())
-    q_only = _unmatched(sorted(qw - cw), cw, c_compact)
-    c_only = _unmatched(sorted(cw - qw), qw, q_compact)
-    unmatched: list[str] = []
-    # capitalised mid-sentence words name things (Tylenol, Toronto): never matched by similarity
-    proper = {_en_stem(w.lower()) for w in re.findall(r"(?<=[a-z,] )[A-Z][a-zA-Z]+", query + " . " + candidate)}
-    # Korean predicates that differ are rewording (봐요/볼 수 있나요); specific ones still count
-    preds = korean_predicates(query) | korean_predicates(candidate)
-    q_only = [w for w in q_only if w not in preds or w in _SPECIFIC_KO]
-    c_only = [w for w in c_only if w not in preds or w in _SPECIFIC_KO]
-    if q_only and c_only:  # a substitution: each side names something the other does not
-        for side, other in ((q_only, c_only), (c_only, q_only)):
-            english = [w for w in side if not re.match(r"[가-힣]", w) and w not in _SPECIFIC and w not in proper]
-            blocked = [w for w in side if w not in english]
-            close = word_similarity(english, [o for o in other if not re.match(r"[가-힣]", o)]) if english else []
-            unmatched += blocked + [w for w, s in zip(english, close) if s < word_match]
-    elif len(q_only) + len(c_only) > 2:
-        unmatched = q_only + c_only  # too much added detail to be the same question
-    else:
-        unmatched = [w for w in q_only + c_only if w in _SPECIFIC]
-    checks["content_words"] = not unmatched
+    qt, ct = content_tokens(qa), content_tokens(ca)
+    q_un = _unmatched(qt, ct, re.sub(r"\s+", "", candidate.lower()))
+    c_un = _unmatched(ct, qt, re.sub(r"\s+", "", query.lower()))
+    bad = [t.lemma for t in q_un + c_un if _specific(t)]
+    q_slots = [t for t in q_un if t.kind in _SLOTS]
+    c_slots = [t for t in c_un if t.kind in _SLOTS]
+    q_verbs = [t for t in q_un if t.kind == "verb"]
+    c_verbs = [t for t in c_un if t.kind == "verb"]
+    for q_side, c_side in ((q_slots, c_slots), (q_verbs, c_verbs)):
+        if q_side and c_side:  # a substitution: each side names a thing (or an action) the other does not
+            bad += _substituted(q_side, c_side, word_similarity, word_match)
+            bad += _substituted(c_side, q_side, word_similarity, word_match)
+    if not (q_slots and c_slots):
+        slots, own, theirs = (q_slots, q_verbs, c_verbs) if q_slots else (c_slots, c_verbs, q_verbs)
+        if slots and theirs and not own:
+            bad += [t.lemma for t in slots + theirs]  # a word of another kind stands where a slot was
+        elif len(slots) > ADDED_SLOTS_MAX or any(t.kind == "name" or t.zipf < GENERIC_ZIPF for t in slots):
+            bad += [t.lemma for t in slots]  # added detail: only a little, and only generic words
+    checks["content_words"] = not bad
     failed = [k for k, ok in checks.items() if not ok]
     return GateVerdict(passed=not failed, checks=checks, reason=("gate_failed:" + ",".join(failed)) if failed else "gate_passed",
-                       unmatched=unmatched)
+                       unmatched=sorted(set(bad)))

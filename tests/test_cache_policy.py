@@ -142,10 +142,12 @@ def test_text_features(analyze):
 
 def test_a_deployment_extends_the_gate_vocabulary(analyze):
     default = GateRules.build(CachePolicy())
-    own = GateRules.build(CachePolicy(gate_synonyms=[["pause", "hold"]], gate_specific_words=["express"]))
+    own = GateRules.build(CachePolicy(gate_synonyms=[["pause", "hold"]], gate_specific_words=["local"]))
     a, b = "Can I pause my subscription?", "Can I hold my subscription?"
     assert not gate(a, b, analyze, lexical, default).passed and gate(a, b, analyze, lexical, own).passed
-    # "express" is a frequent word (and tagged a verb here): by default it reads as rewording, but a
-    # shop whose express shipping is another product says so in its policy
-    a, b = "How long does shipping take?", "How long does express shipping take?"
+    # "local" is a frequent, generic-looking added word: by default it reads as a detail, but a shop
+    # whose local delivery is another service says so in its policy
+    a, b = "How long does shipping take?", "How long does local shipping take?"
     assert gate(a, b, analyze, lexical, default).passed and not gate(a, b, analyze, lexical, own).passed
+    # service tiers are built in: express shipping is another product
+    assert not gate(a, "How long does express shipping take?", analyze, lexical, default).passed

@@ -279,10 +279,15 @@ _SPECIFIC = {
     "shipping", "home", "work", "business", "personal", "first", "last", "new", "old", "next", "previous",
     "coming", "upcoming", "early", "late", "earlier", "later", "install", "uninstall", "login", "logout",
     "lock", "unlock", "send", "receive", "increase", "decrease", "raise", "lower", "more", "less",
+    # tiers and options: the same question about another product or service level
+    "express", "standard", "economy", "priority", "overnight", "international", "domestic", "free", "paid",
+    "premium", "basic", "pro", "plus", "lite", "family", "student", "trial", "gold", "silver",
 }
 _SPECIFIC_KO = {"켜", "끄", "꺼", "추가", "삭제", "포함", "별도", "제외", "오전", "오후", "어제", "오늘", "내일", "주말", "평일",
                 "열", "닫", "시작", "중지", "해지", "가입", "올리", "내리", "좋", "나쁘", "피하", "피해", "좋은", "나쁜",
-                "설치", "로그인", "로그아웃", "보내", "늘리", "줄이", "이번", "다음", "지난"}
+                "설치", "로그인", "로그아웃", "보내", "늘리", "줄이", "이번", "다음", "지난",
+                "특급", "빠른배송", "일반배송", "해외", "국내", "무료", "유료", "프리미엄", "베이직", "프로", "플러스",
+                "패밀리", "학생", "체험"}
 # Paraphrase lexicon: words that name the same thing (grown on tests/data/cache_pairs.jsonl: see README).
 _SYNONYMS = [
     {"ship", "deliver", "delivery", "shipping", "send"}, {"reset", "recover", "change"},

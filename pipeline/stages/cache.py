@@ -43,7 +43,7 @@ class CacheStage(Stage):
         if spec.startswith("edge:"):
             Path(spec[5:]).mkdir(parents=True, exist_ok=True)
         index = await asyncio.to_thread(open_index, spec, embedder.dim, KEYWORD_FIELDS, NUMERIC_FIELDS)
-        analyzer = await asyncio.to_thread(shared_analyzer)  # Kiwi + spaCy load in ~2 s
+        analyzer = await asyncio.to_thread(shared_analyzer)  # Kiwi + spaCy + wordfreq: 3-9 s
         await asyncio.to_thread(analyzer.analyze, "warm up 준비")
         self.cache = SemanticCache(index, embedder, self.policy, analyzer)
         await self.follow_control(self.cache.apply)  # the whole changelog, before answering anyone

@@ -19,21 +19,27 @@ from tests.conftest import ROOT
 pytestmark = [pytest.mark.integration]
 
 
-def prepare(data_dir: Path) -> dict:
-    r = subprocess.run([sys.executable, "-m", "pipeline.cli", "models", "prepare", "--data-dir", str(data_dir),
-                        "--json"], cwd=ROOT, capture_output=True, text=True, timeout=600)
-    assert r.returncode == 0, r.stderr[-2000:]
-    return json.loads(r.stdout.strip().splitlines()[-1])
+def prepare_at_once(data_dir: Path, n: int) -> list[dict]:
+    """`llmpipe models prepare` in n processes started together (as `llmpipe up --processes`
+    starts admit and generate, which both prepare on a fresh data dir)."""
+    cmd = [sys.executable, "-m", "pipeline.cli", "models", "prepare", "--data-dir", str(data_dir), "--json"]
+    procs = [subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+             for _ in range(n)]
+    out = []
+    for p in procs:
+        stdout, stderr = p.communicate(timeout=600)
+        assert p.returncode == 0, stderr[-2000:]
+        out.append(json.loads(stdout.strip().splitlines()[-1]))
+    return out
 
 
 @pytest.fixture(scope="session")
 def prepared(tmp_path_factory) -> dict:
     data_dir = tmp_path_factory.mktemp("models")
-    first = prepare(data_dir)
-    second = prepare(data_dir)
-    first["second"] = second
-    first["data_dir"] = str(data_dir)
-    return first
+    together = prepare_at_once(data_dir, 2)
+    [later] = prepare_at_once(data_dir, 1)
+    first = next((r for r in together if not r["reused"]), together[0])
+    return {**first, "together": together, "second": later, "data_dir": str(data_dir)}
 
 
 @pytest_asyncio.fixture(scope="session", loop_scope="session")
@@ -44,7 +50,11 @@ async def engine(prepared):
     await e.stop()
 
 
-def test_prepare_is_idempotent_and_checksummed(prepared):
+def test_prepare_is_idempotent_checksummed_and_safe_to_run_at_once(prepared):
+    # two at once: one prepares, the other waits on the lock and reuses its result (before the
+    # lock both prepared, and the second deleted the first's directory under its readers)
+    assert sorted(r["reused"] for r in prepared["together"]) == [False, True]
+    assert len({r["model_sha256"] for r in prepared["together"]}) == 1
     assert prepared["reused"] is False and prepared["second"]["reused"] is True
     assert prepared["second"]["model_sha256"] == prepared["model_sha256"]
     assert prepared["revision"].startswith("smollm2-135m-instruct@sha256:")

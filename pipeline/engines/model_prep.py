@@ -9,6 +9,7 @@ saving (vLLM refuses the config otherwise). No hub is contacted.
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import importlib.metadata
 import json
@@ -71,8 +72,19 @@ def load_prepared(out: Path) -> PreparedModel | None:
 
 
 def prepare(data_dir: Path, dtype: str = "bfloat16") -> PreparedModel:
-    """Idempotent: a directory whose checksum matches its PREPARED.json is reused."""
+    """Idempotent: a directory whose checksum matches its PREPARED.json is reused.
+
+    Serialised across processes by a lock file: `llmpipe up --processes` starts admit and generate
+    at once, and on a fresh data dir both used to prepare, the second deleting the first's
+    directory while admit was reading its tokenizer from it."""
     out = model_dir(data_dir)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with open(out.parent / f".{MODEL_NAME}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
+        return _prepare_locked(out, dtype)
+
+
+def _prepare_locked(out: Path, dtype: str) -> PreparedModel:
     gguf = find_gguf()
     gguf_sha = sha256_file(gguf)
     existing = load_prepared(out)

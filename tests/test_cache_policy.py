@@ -99,6 +99,7 @@ def test_gate_refuses_a_different_action_or_added_specific_detail(analyze):
     assert not g("비밀번호 재설정 방법", "공유기 비밀번호 재설정 방법")
     assert not g("Can I return a laptop?", "Can I return a laptop bought on Amazon?")  # added name
     assert not g("How do I install the app?", "How do I update the app?")  # direction words must agree
+    assert not g("How do I update the app?", "how to install the latest version of the app")  # install, again
     assert not g("2만원짜리 쿠폰 쓸 수 있어요?", "2천원짜리 쿠폰 쓸 수 있어요?")  # 2만 = 20000, 2천 = 2000
 
 
@@ -106,7 +107,6 @@ def test_gate_accepts_rewording(analyze):
     def g(a, b):
         return gate(a, b, analyze, lexical, RULES).passed
 
-    assert g("How do I update the app?", "how to install the latest version of the app") is False  # install
     assert g("How do I turn on dark mode in Outlook?", "outlook dark mode how to enable")  # phrasal verb
     assert g("5만원 부분 환불 가능한가요?", "50,000원 부분 환불 받을 수 있어?")  # numbers as quantities
     assert g("Can I use two gift cards?", "can I use 2 gift cards")

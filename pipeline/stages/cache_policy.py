@@ -214,12 +214,12 @@ _STOP_EN = {
     "that", "these", "those", "if", "get", "got", "need", "want", "like", "just", "some", "any", "there's",
     "i'm", "i've", "it's", "what's", "how's", "let", "know", "tell", "help", "way", "about", "from", "by", "up",
     "into", "out", "again", "also", "ok", "okay", "kindly", "possible", "anyone", "someone", "go", "have", "has",
-    "make", "do", "able", "really", "anymore", "still", "already", "even", "exactly", "actually", "yes",
+    "make", "able", "really", "anymore", "still", "already", "even", "exactly", "actually", "yes",
 }
 _STOP_KO = {"어떻게", "어떡해", "좀", "제", "저", "나", "내", "혹시", "그", "이거", "저거", "뭐", "무엇", "언제",
             "어디", "왜", "안녕하세요", "감사합니다", "부탁", "부탁드립니다", "방법", "알려", "알려주세요", "궁금",
             "수", "때", "것", "거", "법", "하", "되", "있", "없", "가능", "필요", "싶", "주", "보", "알", "어떻",
-            "이렇", "그렇", "어떤", "뭐뭐", "얼마나", "얼마", "좀", "이", "그", "저", "데", "줄", "뿐", "듯", "만큼",
+            "이렇", "그렇", "어떤", "뭐뭐", "얼마나", "얼마", "이", "데", "줄", "뿐", "듯", "만큼",
             "번", "개", "원", "적", "채", "중", "등", "분", "쪽", "편", "해", "드리", "받", "알리", "주시"}
 
 # Multi-word expressions that are one word to the gate: "turn on" is "enable" (normalised before

@@ -6,7 +6,7 @@ from __future__ import annotations
 from pipeline.contracts import RequestDoc
 from pipeline.contracts.request import ChatBody, ChatMessage, ResponseFormat
 from pipeline.stages.cache_policy import CachePolicy, bypass_reason
-from pipeline.stages.postprocess import schema_violation
+from pipeline.stages.answer_schema import schema_violation
 
 SCHEMA = {"type": "object", "properties": {"city": {"type": "string"}, "population": {"type": "integer"}},
           "required": ["city"], "additionalProperties": False}

@@ -8,9 +8,10 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from pipeline.contracts.base import WireModel, now_ms
+from pipeline.contracts.caller_schema import caller_schema_problem
 
 REQUEST_SCHEMA = "request/v1"
 
@@ -29,8 +30,17 @@ class ChatMessage(WireModel):
 
 class JsonSchemaFormat(WireModel):
     name: str = Field("output", max_length=64)
-    schema_: dict[str, Any] = Field(alias="schema", description="the JSON Schema the answer must satisfy")
+    schema_: dict[str, Any] = Field(alias="schema", description="the JSON Schema the answer must satisfy: "
+                                                                "self-contained (local $ref only), bounded in size")
     strict: bool = True
+
+    @field_validator("schema_")
+    @classmethod
+    def _bounded(cls, schema: dict[str, Any]) -> dict[str, Any]:
+        problem = caller_schema_problem(schema)
+        if problem is not None:
+            raise ValueError(problem)
+        return schema
 
 
 class ResponseFormat(WireModel):

@@ -7,37 +7,16 @@ from __future__ import annotations
 
 from typing import Any
 
-import jsonschema
-import orjson
 from pydantic import BaseModel, Field
 
 from pipeline.contracts import RequestDoc, Response, Status
 from pipeline.contracts.response import Usage
 from pipeline.engines.embedder import Embedder, ready_shared_embedder
 from pipeline.runtime.stage import Outcome, SideRecord, StageContext, ThreadedStage
+from pipeline.stages.answer_schema import schema_violation
 from pipeline.stages.cache_policy import CachePolicy
 from pipeline.stages.restore_mapping import RestoreError, keyring_for, open_sealed, unmask
 from pipeline.stages.semantic_cache import put_record
-
-
-def schema_violation(text: str, schema: dict[str, Any]) -> str | None:
-    """Why `text` is not a JSON document satisfying `schema` (None: it is). The reason names the
-    failing path and rule, never the offending value (it may quote the prompt)."""
-    try:
-        value = orjson.loads(text)
-    except orjson.JSONDecodeError as exc:
-        return f"not JSON ({str(exc).split(':')[0]})"
-    cls = jsonschema.validators.validator_for(schema, default=jsonschema.Draft202012Validator)
-    try:
-        cls.check_schema(schema)
-    except jsonschema.SchemaError as exc:
-        return f"the requested schema is itself invalid ({exc.validator})"
-    validator = cls(schema)
-    error = jsonschema.exceptions.best_match(validator.iter_errors(value))
-    if error is None:
-        return None
-    path = "/".join(str(p) for p in error.absolute_path) or "(root)"
-    return f"at {path}: violates '{error.validator}'"
 
 
 class PostprocessPolicy(BaseModel):

@@ -21,6 +21,9 @@ from pipeline.stages.tenants import RateLimits, TenantSpec
 
 CONFIG_ENV = "LLMPIPE_CONFIG"
 DEFAULT_CONFIG_FILE = "llmpipe.yaml"
+# What the stages add to a request document at most: sections, timings, an embedding, and the token
+# ids and logprobs of a long answer (2,048 tokens x ~30 bytes) - with a wide margin.
+DOC_GROWTH_BYTES = 1 << 20
 MAX_IMAGE_PIXELS = 40_000_000  # media's default pixel budget, also OpenCV's own cap in worker processes
 
 
@@ -141,7 +144,9 @@ class HttpSettings(BaseModel):
     port: int = Field(0, ge=0, description="0 = any free port (written to stack.json as http_url)")
     request_timeout_s: float = Field(120.0, gt=0, description="deadline of a request that names none")
     max_timeout_s: float = Field(600.0, gt=0, description="the longest deadline a caller may ask for")
-    max_body_bytes: int = Field(8 << 20, ge=1024, description="larger bodies are answered 413 unread")
+    max_body_bytes: int = Field(4 << 20, ge=1024, description="larger bodies are answered 413 unread; must stay "
+                                                              "well below producer.max_request_size, since every "
+                                                              "stage makes the request document bigger")
     reply_partition: int | None = Field(None, ge=0, description="this front door's reply partition (None: random)")
     tokenizer: bool = Field(True, description="load the served model's tokenizer to spell logprob tokens "
                                               "(false: tokens are shown as ids)")
@@ -225,6 +230,15 @@ class Settings(BaseSettings):
 
     def resolved_warehouse_dsn(self) -> str:
         return self.warehouse_dsn or f"chdb://{self.resolved_data_dir() / 'warehouse'}"
+
+    @model_validator(mode="after")
+    def _body_fits_topics(self) -> "Settings":
+        room = self.producer.max_request_size - self.http.max_body_bytes
+        if room < DOC_GROWTH_BYTES:
+            raise ValueError(f"http.max_body_bytes ({self.http.max_body_bytes}) must be at least {DOC_GROWTH_BYTES} "
+                             f"bytes below producer.max_request_size ({self.producer.max_request_size}): the "
+                             f"stages add their sections to the document on its way")
+        return self
 
     @model_validator(mode="after")
     def _unique_deployments(self) -> "Settings":

@@ -126,3 +126,13 @@ class Describe(Stage):
         text = doc.vision.description if doc.vision else "no vision"
         resp = Response(request_id=doc.request_id, status=Status.ok, text=text, answered_by=self.name)
         return Outcome.answer(doc, resp, self.evidence(doc, "described"))
+
+
+class Grow(Stage):
+    """Forwards requests that say `grow` padded by policy.pad_bytes: a stage whose output no longer
+    fits its topic's record limit."""
+
+    async def process(self, doc: RequestDoc) -> Outcome:
+        pad = int(self.ctx.policy.get("pad_bytes", 0)) if "grow" in doc.prompt_text() else 0
+        doc = doc.model_copy(update={"labels": {**doc.labels, "pad": "x" * pad}})
+        return Outcome.forward(doc, self.evidence(doc, "grown", scores={"pad": float(pad)}))

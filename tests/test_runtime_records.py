@@ -101,3 +101,27 @@ async def test_a_request_published_by_another_kafka_client_is_answered(broker, p
         assert errors == [None]
         resp = await client.wait(doc.request_id, fut, 60)
     assert resp.status == "ok" and resp.text == "FROM LIBRDKAFKA"
+
+
+async def test_an_output_too_large_for_its_topic_is_answered_and_the_stage_goes_on(broker, prefix, tmp_path):
+    """A document that grows past the record limit used to be retried forever, pinning its slot and
+    its offset; now it is one `too_large` answer with evidence, and later records flow."""
+    s = settings_for(tmp_path, prefix, broker.bootstrap,
+                     [{"name": "grow", "class": "tests.stages:Grow", "policy": {"pad_bytes": 9 << 20}},
+                      {"name": "answer", "class": "tests.stages:Answer"}])
+    await create_topics(s)
+    names = TopicNames(prefix)
+    topo = Topology(s)
+    async with stage_worker(s, topo, "grow", broker.bootstrap), stage_worker(s, topo, "answer", broker.bootstrap), \
+            Client(broker.bootstrap, topic_prefix=prefix) as client:
+        big, small = client.build("please grow"), client.build("stay small")
+        big_resp, small_resp = await asyncio.gather(client.request(big, 60), client.request(small, 60))
+        after = await client.request(client.build("after it"), 60)
+    assert big_resp.status == "error" and big_resp.error_class == "too_large", big_resp
+    assert "grew to" in big_resp.reason and "stage grow" in big_resp.reason
+    assert small_resp.status == "ok" and after.status == "ok" and after.text == "AFTER IT"
+    evidence = [decode(r.value, Evidence) for r in await read_topic(broker.bootstrap, names.evidence, 6)]
+    assert [(e.stage, e.decision, e.reason) for e in evidence if e.request_id == big.request_id
+            and e.decision == "error"] == [("grow", "error", "too_large")]
+    answers = [decode(r.value, Response) for r in await read_topic(broker.bootstrap, names.responses, 3)]
+    assert sum(r.request_id == big.request_id for r in answers) == 1  # one terminal answer

@@ -21,7 +21,12 @@ class DlqRecord(WireModel):
     offset: int
     timestamp_ms: int
     key_b64: str | None = None
-    value_b64: str = Field(description="the original value bytes, base64")
+    value_b64: str = Field(description="the original value bytes, base64 (the first value_kept_bytes of them "
+                                       "when the record was too large to keep whole)")
+    value_bytes: int | None = Field(None, description="length of the original value")
+    value_sha256: str | None = Field(None, description="digest of the original value, before any redaction")
+    value_truncated: bool = False
+    redacted: list[str] = Field(default_factory=list, description="secrets removed from the value (api_key)")
     headers: list[tuple[str, str]] = Field(default_factory=list, description="(name, base64 value)")
     error_class: str = Field(description="undecodable | schema_invalid | processing_failed | ...")
     error: str = Field(description="the error, without the record's content")

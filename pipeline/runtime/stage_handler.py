@@ -22,6 +22,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from aiokafka import AIOKafkaProducer
+from aiokafka.errors import MessageSizeTooLargeError
 
 from pipeline.contracts import Evidence, ReplyTo, RequestDoc, Response, StageTiming, Status
 from pipeline.contracts.admit import release_for
@@ -212,6 +213,21 @@ class StageHandler:
                       idempotent: bool = False) -> None:
         if self.replay and self.replay.shadow:
             return
+        try:
+            await self._send_answer(out, resp, reply_to, headers)
+        except MessageSizeTooLargeError:  # the client refused it before sending: answer small instead
+            resp = Response(request_id=resp.request_id, tenant_id=resp.tenant_id, status=Status.error,
+                            error_class="too_large", answered_by=self.name, replay_id=resp.replay_id,
+                            reason=f"the answer is larger than the record limit of stage {self.name}'s topics")
+            await self._send_answer(out, resp, reply_to, headers)
+        if resp.tenant_id:
+            # wherever a request ends (answer, rejection, DLQ, deadline), admit settles its reservation
+            # (with the whole answer when admit keeps it for the request's idempotency-key duplicates)
+            await out.send(self.names.admit_release, encode(release_for(resp, with_response=idempotent)),
+                           key=resp.tenant_id.encode())
+        self.metrics.processed(f"answered_{resp.status.value}")
+
+    async def _send_answer(self, out: Outputs, resp: Response, reply_to: ReplyTo | None, headers: list) -> None:
         value = encode(resp)
         key = resp.request_id.encode()
         if reply_to is not None:
@@ -219,12 +235,6 @@ class StageHandler:
         if reply_to is None or reply_to.topic != self.names.responses:
             # the `responses` topic is also the warehouse's record of finished requests
             await out.send(self.names.responses, value, key=key, headers=headers)
-        if resp.tenant_id:
-            # wherever a request ends (answer, rejection, DLQ, deadline), admit settles its reservation
-            # (with the whole answer when admit keeps it for the request's idempotency-key duplicates)
-            await out.send(self.names.admit_release, encode(release_for(resp, with_response=idempotent)),
-                           key=resp.tenant_id.encode())
-        self.metrics.processed(f"answered_{resp.status.value}")
 
     async def _emit(self, out: Outputs, w: _Work, outcome: Outcome) -> None:
         for other in outcome.others:
@@ -253,8 +263,23 @@ class StageHandler:
         if self.replay and self.replay.shadow:
             self.metrics.processed("shadow")
             return
-        await out.send(self.names.stage_input(nxt), encode(doc), key=self.topology.key_for(nxt, doc), headers=headers)
+        value = encode(doc)
+        try:
+            await out.send(self.names.stage_input(nxt), value, key=self.topology.key_for(nxt, doc), headers=headers)
+        except MessageSizeTooLargeError:
+            # retrying cannot shrink it: an answer and evidence now, never an endless retry
+            await self._too_large(out, w, doc, len(value), headers)
+            return
         self.metrics.processed("forwarded")
+
+    async def _too_large(self, out: Outputs, w: _Work, doc: RequestDoc, size: int, headers: list) -> None:
+        self.metrics.error("too_large")
+        reason = f"the request grew to {size} bytes at stage {self.name}, above the topics' record limit"
+        ev = self.stage.evidence(doc, "error", "too_large", scores={"bytes": float(size)})
+        timing = self._timing(w.item, w.started_ms, now_ms())
+        await self._send_evidence(out, [self._stamp(ev, w.item, timing)])
+        await self._answer(out, self._error_response(doc, "too_large", reason), doc.reply_to, headers,
+                           idempotent=doc.idempotency_key is not None)
 
     async def _send_side(self, out: Outputs, records: list[SideRecord]) -> None:
         for side in records:

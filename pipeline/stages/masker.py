@@ -4,6 +4,9 @@ Presidio's analyzer finds entities (regex recognizers, project recognizers, and 
 when a configured model is installed - never downloaded); its anonymizer resolves overlaps and
 replaces each entity with a placeholder `<TYPE_n>`. The same original string gets the same
 placeholder throughout one request, so the model still sees that two mentions are one person.
+
+Long texts are analysed in overlapping windows so no pattern ever sees more than WINDOW_CHARS, and
+detection fails closed: a recognizer that times out or raises makes `mask` raise `MaskFailed`.
 """
 
 from __future__ import annotations
@@ -12,29 +15,54 @@ import importlib.metadata
 import importlib.util
 import logging
 from collections import Counter
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 
-from presidio_analyzer import AnalyzerEngine, RecognizerRegistry
+from presidio_analyzer import AnalyzerEngine, EntityRecognizer, RecognizerRegistry, RecognizerResult
 from presidio_analyzer.nlp_engine import NlpEngineProvider
 from presidio_analyzer.nlp_engine.no_op_nlp_engine import NoOpNlpEngine
-from presidio_analyzer.predefined_recognizers import (
-    CreditCardRecognizer,
-    IpRecognizer,
-    KrRrnRecognizer,
-    PhoneRecognizer,
-    SpacyRecognizer,
-)
+from presidio_analyzer.predefined_recognizers import PhoneRecognizer, SpacyRecognizer
 from presidio_anonymizer import AnonymizerEngine
 from presidio_anonymizer.entities import OperatorConfig
 from pydantic import BaseModel, Field
 
-from pipeline.stages.pii_recognizers import RECOGNIZERS_REVISION, OfflineEmailRecognizer, project_recognizers
+from pipeline.stages.pii_recognizers import (
+    RECOGNIZERS_REVISION,
+    FailClosedCreditCardRecognizer,
+    FailClosedIpRecognizer,
+    FailClosedKrRrnRecognizer,
+    MaskFailed,
+    OfflineEmailRecognizer,
+    project_recognizers,
+)
 
 log = logging.getLogger(__name__)
 
 LANGUAGE = "en"  # every recognizer is pattern-based and registered under one language code
 
 DEFAULT_ENTITIES = ["EMAIL_ADDRESS", "PHONE_NUMBER", "KR_RRN", "CREDIT_CARD", "IP_ADDRESS", "PERSON", "LOCATION"]
+
+WINDOW_CHARS = 2_000
+# consecutive windows share at least this much, so any entity (an email is at most 254 chars) with its
+# context lies whole in one window
+WINDOW_OVERLAP = 300
+_CUT_SLACK = 100  # how far back a window edge may move to land on whitespace
+
+
+def _after_last_space(text: str, lo: int, hi: int) -> int | None:
+    return next((i + 1 for i in range(hi - 1, max(lo, 0) - 1, -1) if text[i].isspace()), None)
+
+
+def windows(text: str, size: int = WINDOW_CHARS, overlap: int = WINDOW_OVERLAP) -> Iterator[tuple[int, int]]:
+    """[start, end) spans covering `text`; edges prefer whitespace so no word is cut when one can help it."""
+    start, n = 0, len(text)
+    while True:
+        end = n if start + size >= n else (_after_last_space(text, start + size - _CUT_SLACK, start + size)
+                                           or start + size)
+        yield start, end
+        if end >= n:
+            return
+        start = _after_last_space(text, end - overlap - _CUT_SLACK, end - overlap) or end - overlap
 
 
 class MaskPolicy(BaseModel):
@@ -73,9 +101,9 @@ class Masker:
         for rec in [
             OfflineEmailRecognizer(supported_language=LANGUAGE),
             PhoneRecognizer(supported_language=LANGUAGE, supported_regions=tuple(policy.phone_regions)),
-            CreditCardRecognizer(supported_language=LANGUAGE),
-            IpRecognizer(supported_language=LANGUAGE),
-            KrRrnRecognizer(supported_language=LANGUAGE),
+            FailClosedCreditCardRecognizer(supported_language=LANGUAGE),
+            FailClosedIpRecognizer(supported_language=LANGUAGE),
+            FailClosedKrRrnRecognizer(supported_language=LANGUAGE),
             *project_recognizers(LANGUAGE),
             *([SpacyRecognizer(supported_language=LANGUAGE)] if self.ner else []),
         ]:
@@ -87,6 +115,22 @@ class Masker:
     def revision(self) -> str:
         presidio = importlib.metadata.version("presidio-analyzer")
         return f"presidio-{presidio}+{RECOGNIZERS_REVISION}" + (f"+{self.policy.spacy_model}" if self.ner else "")
+
+    def analyze(self, text: str) -> list[RecognizerResult]:
+        """Entities in `text`, window by window; raises MaskFailed rather than ever skipping detection."""
+        found: list[RecognizerResult] = []
+        try:
+            for start, end in windows(text):
+                for r in self.analyzer.analyze(text=text[start:end], language=LANGUAGE, entities=self.policy.entities,
+                                               score_threshold=self.policy.score_threshold):
+                    r.start, r.end = r.start + start, r.end + start
+                    found.append(r)
+        except MaskFailed:
+            raise
+        except Exception as exc:  # noqa: BLE001 - any recognizer failure: the text must not pass
+            raise MaskFailed(f"PII detection failed: {type(exc).__name__}") from exc
+        # the overlaps find an entity twice, or a cut-off piece of it: keep the whole ones
+        return EntityRecognizer.remove_duplicates(found)
 
     def mask(self, texts: list[str]) -> MaskResult:
         result = MaskResult(texts=[])
@@ -104,8 +148,7 @@ class Masker:
             return replace
 
         for text in texts:
-            found = self.analyzer.analyze(text=text, language=LANGUAGE, entities=self.policy.entities,
-                                          score_threshold=self.policy.score_threshold)
+            found = self.analyze(text)
             if not found:
                 result.texts.append(text)
                 continue

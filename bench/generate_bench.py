@@ -141,6 +141,7 @@ def cli(*args: str, data_dir: Path, timeout: float, env: dict[str, str] | None =
 async def pipeline_mode(data_dir: Path, prompts: list[str], warmup: list[str], max_tokens: int,
                         stack_env: dict[str, str], idle_s: float) -> dict[str, Any]:
     from pipeline.contracts.request import ChatBody, ChatMessage
+    from pipeline.dev_key import read_dev_key
     from pipeline.ingress.client import Client
 
     log.print("(b) llmpipe up --detach --processes")
@@ -151,12 +152,13 @@ async def pipeline_mode(data_dir: Path, prompts: list[str], warmup: list[str], m
     if up.returncode != 0:
         raise RuntimeError(f"llmpipe up failed ({up.returncode}): {up.stderr.strip()[-1500:]}")
     stack = json.loads((data_dir / "stack.json").read_text())
+    key = read_dev_key(data_dir)  # authentication is on: the development tenant's key
     try:
         async with Client(stack["bootstrap"], topic_prefix=stack["topic_prefix"]) as c:
 
             def docs_for(ps: list[str]):
                 return [c.build(body=ChatBody(messages=[ChatMessage(role="user", content=p)], max_tokens=max_tokens,
-                                              temperature=0.0), timeout_s=600) for p in ps]
+                                              temperature=0.0), timeout_s=600, api_key=key) for p in ps]
 
             async def run(ps: list[str]):
                 docs = docs_for(ps)

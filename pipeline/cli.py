@@ -59,20 +59,21 @@ app.add_typer(blobs_app, name="blobs")
 def _query_fn(s: Settings) -> Callable[[str, dict[str, Any]], Any]:
     """Route SQL to the owner of the warehouse: the running stack's admin endpoint, or directly."""
     from pipeline.stack import running_stack
-    from pipeline.stores.sql_gateway import query_via_admin
-    from pipeline.stores.warehouse import Warehouse, is_embedded
+    from pipeline.stores.sql_gateway import admin_token_for, analyst_query, query_via_admin
+    from pipeline.stores.warehouse import Warehouse, is_embedded, open_warehouse
 
     dsn = s.resolved_warehouse_dsn()
     info = running_stack(s.resolved_data_dir())
     if is_embedded(dsn) and info is not None:
-        return lambda q, p: query_via_admin(info.admin_url, q, p)
+        token = admin_token_for(s)
+        return lambda q, p: query_via_admin(info.admin_url, q, p, token=token)
     wh: list[Warehouse] = []
 
     def direct(q: str, p: dict[str, Any]) -> Any:
         if not wh:
-            wh.append(Warehouse(dsn))
+            wh.append(open_warehouse(s))
             wh[0].migrate()
-        return wh[0].query(q, p)
+        return analyst_query(wh[0], q, p)  # the pre-check, then readonly=1, as /sql does
 
     return direct
 
@@ -119,7 +120,7 @@ def topics_apply(data_dir: DataDir = Path(".llmpipe"), config: ConfigFile = None
 
     s = _settings(data_dir, config, bootstrap)
     bs, prefix = _stack_bootstrap(s)
-    res = asyncio.run(apply_topics(bs, prefix, Topology(s).topic_registry()))
+    res = asyncio.run(apply_topics(bs, prefix, Topology(s).topic_registry(), s.kafka.client_kwargs()))
     if json:
         _print_json({"created": res.created, "existing": res.existing})
     else:
@@ -133,6 +134,7 @@ def up(data_dir: DataDir = Path(".llmpipe"), config: ConfigFile = None, bootstra
        processes: Annotated[bool, typer.Option(help="one process per stage group")] = False,
        json: Json = False) -> None:
     """Start the embedded stack: broker, topics, warehouse sink, every configured stage."""
+    from pipeline.dev_key import read_dev_key
     from pipeline.stack import StackError, run_stack, running_stack, start_detached
 
     s = _settings(data_dir, config, bootstrap)
@@ -147,13 +149,29 @@ def up(data_dir: DataDir = Path(".llmpipe"), config: ConfigFile = None, bootstra
         if processes:
             argv.append("--processes")
         info = start_detached(argv, s.resolved_data_dir())
+        dev_key = read_dev_key(s.resolved_data_dir()) if info.dev_key_new else None  # shown once, by this start
         if json:
-            _print_json(info.__dict__)
+            _print_json({**info.__dict__, **({"dev_api_key": dev_key} if dev_key else {})})
         else:
             out.print(f"stack ready: broker {info.bootstrap}, front door {info.http_url}, admin {info.admin_url}, "
                       f"stages {info.stages or 'none'}")
+            if dev_key:
+                _announce_dev_key(s, dev_key)
         return
-    asyncio.run(run_stack(s, processes=processes))
+    asyncio.run(run_stack(s, processes=processes, on_ready=lambda info: _announce_dev_key(
+        s, read_dev_key(s.resolved_data_dir()) if info.dev_key_new and sys.stdout.isatty() else None)))
+
+
+def _announce_dev_key(s: Settings, key: str | None) -> None:
+    """The development key, once; a foreground `up` writing to a file (a log) names only the file."""
+    from pipeline.dev_key import dev_key_path
+
+    where = dev_key_path(s.resolved_data_dir())
+    if key:
+        out.print(f"development tenant {s.auth.dev_tenant!r}: API key {key} (shown once; also in {where}, mode 0600)",
+                  markup=False, highlight=False)
+    elif s.auth.required and s.auth.dev_tenant:
+        out.print(f"development tenant {s.auth.dev_tenant!r}: its API key is in {where}", markup=False, highlight=False)
 
 
 @app.command()
@@ -216,8 +234,8 @@ def worker(stage: Annotated[str, typer.Argument(help="stage name from the topolo
     from pipeline.runtime.launch import run_until_signalled, sink_worker, stage_worker
     from pipeline.runtime.metrics import serve_metrics
     from pipeline.runtime.topology import Topology
-    from pipeline.stores.sql_gateway import AdminServer
-    from pipeline.stores.warehouse import Warehouse
+    from pipeline.stores.sql_gateway import AdminServer, admin_token_for
+    from pipeline.stores.warehouse import open_warehouse
     from pipeline.stores.warehouse_sink import SINK_STAGE
 
     s = _settings(data_dir, config, bootstrap)
@@ -235,8 +253,8 @@ def worker(stage: Annotated[str, typer.Argument(help="stage name from the topolo
         if stage != SINK_STAGE:
             await run_until_signalled([stage_worker(s, Topology(s), stage, bs)], on_started=ready)
             return
-        wh = Warehouse(s.resolved_warehouse_dsn())
-        admin = await AdminServer(wh, admin_port or s.admin_port).start()
+        wh = open_warehouse(s)
+        admin = await AdminServer(wh, admin_port or s.admin_port, admin_token_for(s)).start()
         try:
             await run_until_signalled([sink_worker(s, bs, wh)], on_started=ready)
         finally:
@@ -374,9 +392,9 @@ def submit(prompt: Annotated[str, typer.Option("--prompt", help="the user messag
                     seed=seed, images=[_image_arg(i) for i in image or []])
 
     async def run() -> Any:
-        async with Client(bs, topic_prefix=prefix) as client:
-            doc = client.build(body=body, timeout_s=timeout, api_key=api_key, idempotency_key=idempotency_key,
-                               tenant_id=tenant)
+        async with Client(bs, topic_prefix=prefix, security=s.kafka) as client:
+            doc = client.build(body=body, timeout_s=timeout, api_key=_caller_key(s, api_key, tenant),
+                               idempotency_key=idempotency_key, tenant_id=tenant)
             return await client.request(doc, timeout + 5)
 
     resp = asyncio.run(run())
@@ -393,6 +411,14 @@ def submit(prompt: Annotated[str, typer.Option("--prompt", help="the user messag
         raise typer.Exit(EXIT_NOT_OK)
 
 
+def _caller_key(s: Settings, api_key: str | None, tenant: str | None = None) -> str | None:
+    """--api-key, else the development key `llmpipe up` made in the data dir (not when a tenant is
+    named: a trusted producer's request carries no key)."""
+    from pipeline.dev_key import read_dev_key
+
+    return api_key if api_key or tenant else read_dev_key(s.resolved_data_dir())
+
+
 def _send_lines(s: Settings, file: Path, label: str, **run_load_args: Any) -> Any:
     """A JSONL file through `run_load` with a progress bar; invalid lines are reported on stderr.
     `to_doc`, if given, takes the started client and a line (`rollouts submit` builds rollouts)."""
@@ -407,7 +433,7 @@ def _send_lines(s: Settings, file: Path, label: str, **run_load_args: Any) -> An
         with Progress(TextColumn(label), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                       console=err, transient=True) as progress:
             task = progress.add_task(label, total=len(lines))
-            async with Client(bs, topic_prefix=prefix) as client:
+            async with Client(bs, topic_prefix=prefix, security=s.kafka) as client:
                 to_doc = (lambda line: make_doc(client, line)) if make_doc else None
                 return await run_load(client, lines, on_done=lambda: progress.advance(task), to_doc=to_doc,
                                       **run_load_args)
@@ -429,8 +455,9 @@ def load(file: Annotated[Path, typer.Option("--file", exists=True, dir_okay=Fals
          data_dir: DataDir = Path(".llmpipe"), config: ConfigFile = None, bootstrap: Bootstrap = None,
          json: Json = False) -> None:
     """Send a traffic file and print {sent, by_status, by_error_class, latency_ms}."""
-    summary = _send_lines(_settings(data_dir, config, bootstrap), file, "load", rate=rate, concurrency=concurrency,
-                          timeout_s=timeout, api_key=api_key)
+    s = _settings(data_dir, config, bootstrap)
+    summary = _send_lines(s, file, "load", rate=rate, concurrency=concurrency, timeout_s=timeout,
+                          api_key=_caller_key(s, api_key))
     doc = summary.as_json()
     if not json:
         out.print(f"sent {doc['sent']}: {doc['by_status']} latency {doc['latency_ms']}")
@@ -491,7 +518,7 @@ def cache_invalidate(tenant: Annotated[str, typer.Option("--tenant")],
     record = CacheInvalidate(tenant=tenant, model_revision=model_revision, prompt_revision=prompt_revision,
                              data_version=data_version, before_ms=now - (parse_duration_ms(older_than) if older_than else 0))
 
-    _publish_control(bs, prefix, [(f"cache:{tenant}", record)])
+    _publish_control(bs, prefix, [(f"cache:{tenant}", record)], client_kwargs=s.kafka.client_kwargs())
     doc = record.model_dump(mode="json")
     if json:
         _print_json(doc)
@@ -500,9 +527,9 @@ def cache_invalidate(tenant: Annotated[str, typer.Option("--tenant")],
 
 
 def _publish_one(bootstrap: str, prefix: str, key: str, record: Any, doc: dict[str, Any], text: str,
-                 json: bool) -> None:
+                 json: bool, s: Settings) -> None:
     """Publish one control record, then tell the operator: `doc` with --json, else `text`."""
-    _publish_control(bootstrap, prefix, [(key, record)])
+    _publish_control(bootstrap, prefix, [(key, record)], client_kwargs=s.kafka.client_kwargs())
     if json:
         _print_json(doc)
     else:
@@ -547,7 +574,7 @@ def tenants_add(name: Annotated[str, typer.Argument(help="tenant name")], rpm: R
     digest = key_hash(api_key)
     _publish_control(bs, prefix, [(f"tenant:{name}", TenantUpsert(tenant=name, limits=limits)),
                                   (f"key:{digest}", ApiKeyIssued(tenant=name, key_sha256=digest, principal=principal,
-                                                                  roles=role))])
+                                                                  roles=role))], client_kwargs=s.kafka.client_kwargs())
     doc = {"tenant": name, "api_key": api_key, "key_id": key_id(digest), "limits": limits}
     if json:
         _print_json(doc)
@@ -572,7 +599,7 @@ def tenants_set_limits(name: Annotated[str, typer.Argument(help="tenant name")],
     s = _settings(data_dir, config, bootstrap)
     bs, prefix = _stack_bootstrap(s)
     _publish_one(bs, prefix, f"tenant:{name}", TenantUpsert(tenant=name, limits=limits),
-                 {"tenant": name, "limits": limits}, f"tenant {name}: limits {limits} published", json)
+                 {"tenant": name, "limits": limits}, f"tenant {name}: limits {limits} published", json, s)
 
 
 @tenants_app.command("revoke-key")
@@ -591,7 +618,7 @@ def tenants_revoke_key(key: Annotated[Optional[str], typer.Option("--key", help=
     record = ApiKeyRevoked(key_sha256=digest)
     s = _settings(data_dir, config, bootstrap)
     bs, prefix = _stack_bootstrap(s)
-    _publish_control(bs, prefix, [(f"key:{digest}", record)])
+    _publish_control(bs, prefix, [(f"key:{digest}", record)], client_kwargs=s.kafka.client_kwargs())
     if json:
         _print_json({"revoked_key_id": key_id(digest)})
     else:
@@ -648,7 +675,7 @@ def _adapter_registry(s: Settings):
     boot, prefix = _stack_bootstrap(s)
 
     async def run() -> None:
-        f = await ControlFollower(boot, TopicNames(prefix)("control"), registry.apply).start()
+        f = await ControlFollower(boot, TopicNames(prefix)("control"), registry.apply, s.kafka).start()
         await f.stop()
 
     asyncio.run(run())
@@ -700,7 +727,7 @@ def adapters_register(name: Annotated[str, typer.Argument(help="adapter name (ca
         raise CliError(f"adapter {name} refused: {problem}")
     boot, prefix = _stack_bootstrap(s)
     _publish_one(boot, prefix, f"adapter:{name}", AdapterRegistered(spec=spec), spec.model_dump(mode="json"),
-                 f"registered {name} ({spec.sha256[:12]}), cold", json)
+                 f"registered {name} ({spec.sha256[:12]}), cold", json, s)
 
 
 def _adapter_state(name: str, state: str, allowed: tuple[str, ...], data_dir: Path, config: Path | None,
@@ -714,7 +741,7 @@ def _adapter_state(name: str, state: str, allowed: tuple[str, ...], data_dir: Pa
     if name not in registry.specs:
         raise CliError(f"no adapter {name!r} is registered")
     _publish_one(boot, prefix, f"adapter:{name}", AdapterStateChanged(name=name, state=state),
-                 {"name": name, "state": state}, f"{name}: {registry.specs[name].state} -> {state}", json)
+                 {"name": name, "state": state}, f"{name}: {registry.specs[name].state} -> {state}", json, s)
 
 
 @adapters_app.command("promote")
@@ -767,11 +794,12 @@ def rollouts_submit(file: Annotated[Path, typer.Option("--file", exists=True, di
             args[name] = float(value)
         except ValueError:
             raise CliError(f"--reward-arg: expected NAME=NUMBER, got {a!r}") from None
+    s = _settings(data_dir, config, bootstrap)
     opts = RolloutOptions(n=n, actor_revision=actor_revision, dataset_revision=dataset_revision,
                           temperature=temperature, top_p=top_p, max_tokens=max_tokens, seed=seed, verifier=verifier,
-                          reward=reward, reward_args=args, timeout_s=timeout, api_key=api_key)
+                          reward=reward, reward_args=args, timeout_s=timeout, api_key=_caller_key(s, api_key))
     tally = SampleTally()
-    summary = _send_lines(_settings(data_dir, config, bootstrap), file, "rollouts", rate=None, concurrency=concurrency,
+    summary = _send_lines(s, file, "rollouts", rate=None, concurrency=concurrency,
                           timeout_s=timeout, to_doc=lambda client, line: rollout_doc(client, line, opts),
                           on_response=tally.add)
     doc = {**summary.as_json(), **tally.as_json(), "run_id": opts.run_id}
@@ -941,7 +969,7 @@ def profile(stage: Annotated[str, typer.Option("--stage", help="the engine stage
     run; the run is a `profile_runs` row and the trace lies in DATA_DIR/profiles/<run_id>/."""
     from pipeline.profiling import PROFILE_COLUMNS, profile_generate
     from pipeline.stack import running_stack
-    from pipeline.stores.warehouse import Warehouse, is_embedded
+    from pipeline.stores.warehouse import is_embedded, open_warehouse
 
     if stage != "generate":
         raise CliError(f"profiling runs the engine stage `generate` (torch); {stage!r} is not one")
@@ -954,12 +982,14 @@ def profile(stage: Annotated[str, typer.Option("--stage", help="the engine stage
     if is_embedded(s.resolved_warehouse_dsn()) and info is not None:
         import httpx
 
+        from pipeline.stores.sql_gateway import admin_token_for, auth_headers
+
         r = httpx.post(f"{info.admin_url}/profile_runs", content=run.model_dump_json(), timeout=60,
-                       headers={"content-type": "application/json"})
+                       headers={"content-type": "application/json", **auth_headers(admin_token_for(s))})
         if r.status_code != 200:
             raise CliError(f"the stack did not record the run: {r.text}")
     else:
-        wh = Warehouse(s.resolved_warehouse_dsn())
+        wh = open_warehouse(s)
         try:
             wh.migrate()
             wh.insert("profile_runs", PROFILE_COLUMNS, [run.row()])

@@ -35,6 +35,7 @@ from pipeline.contracts.actor import (
     ActorSpec,
     ValidationPrompt,
 )
+from pipeline.settings import Settings
 from pipeline.stages.actor_lifecycle import ActorBook
 
 actor_app = typer.Typer(no_args_is_help=True,
@@ -42,14 +43,14 @@ actor_app = typer.Typer(no_args_is_help=True,
 OPERATOR = "operator"
 
 
-def _book(boot: str, prefix: str) -> ActorBook:
+def _book(boot: str, prefix: str, s: Settings) -> ActorBook:
     from pipeline.runtime.follower import ControlFollower
     from pipeline.runtime.topics import TopicNames
 
     book = ActorBook()
 
     async def run() -> None:
-        f = await ControlFollower(boot, TopicNames(prefix)("control"), book.apply).start()
+        f = await ControlFollower(boot, TopicNames(prefix)("control"), book.apply, s.kafka).start()
         await f.stop()
 
     asyncio.run(run())
@@ -84,11 +85,11 @@ def actor_prepare(revision: Annotated[str, typer.Argument(help="the new actor re
     if problem is not None:
         raise CliError(f"actor {revision} refused: {problem}")
     boot, prefix = _stack_bootstrap(s)
-    if revision in _book(boot, prefix).rejected:
+    if revision in _book(boot, prefix, s).rejected:
         raise CliError(f"actor {revision} was rejected before; prepare it under a new revision")
-    _publish_control(boot, prefix, [(f"actor:{revision}", ActorPrepared(spec=spec))])
+    _publish_control(boot, prefix, [(f"actor:{revision}", ActorPrepared(spec=spec))], client_kwargs=s.kafka.client_kwargs())
     _publish_control(boot, prefix, [_event(revision, "prepared", f"{spec.sha256[:12]}, {len(checks)} checks")],
-                     topic="weight_events")
+                     topic="weight_events", client_kwargs=s.kafka.client_kwargs())
     doc = {"revision": revision, "sha256": spec.sha256, "validation_prompts": len(checks)}
     _print_json(doc) if json else out.print(f"prepared {revision} ({spec.sha256[:12]}); replicas now load and validate it")
 
@@ -110,7 +111,7 @@ def actor_activate(revision: Annotated[str, typer.Argument()],
         replicas = 1  # `llmpipe up` runs one generate worker
     deadline = time.monotonic() + timeout
     while True:
-        book = _book(boot, prefix)
+        book = _book(boot, prefix, s)
         ready, why = book.barrier(revision, replicas)
         if ready:
             break
@@ -122,7 +123,7 @@ def actor_activate(revision: Annotated[str, typer.Argument()],
     if book.active == revision:
         raise CliError(f"actor {revision} is already active")
     _publish_control(boot, prefix, [(f"actor:{revision}", ActorActivated(revision=revision, previous=book.active,
-                                                                          reason=why))])
+                                                                          reason=why))], client_kwargs=s.kafka.client_kwargs())
     doc = {"revision": revision, "previous": book.active, "barrier": why}
     _print_json(doc) if json else out.print(f"activated {revision} (was {book.active}): {why}")
 
@@ -135,7 +136,7 @@ def actor_rollback(reason: Annotated[str, typer.Option("--reason")] = "rolled ba
     """Reject the active revision (its samples are marked in `training_samples`) and re-activate the one before."""
     s = _settings(data_dir, config, bootstrap)
     boot, prefix = _stack_bootstrap(s)
-    book = _book(boot, prefix)
+    book = _book(boot, prefix, s)
     current = book.active
     if current is None:
         raise CliError("no actor revision is active")
@@ -143,8 +144,8 @@ def actor_rollback(reason: Annotated[str, typer.Option("--reason")] = "rolled ba
     book.rejected[current] = reason
     _publish_control(boot, prefix, [(f"actor:{current}", ActorRejected(revision=current, reason=reason)),
                                     (f"actor:{target}", ActorActivated(revision=target, previous=current,
-                                                                       reason=f"rollback from {current}: {reason}"))])
-    _publish_control(boot, prefix, [_event(current, "rejected", reason)], topic="weight_events")
+                                                                       reason=f"rollback from {current}: {reason}"))], client_kwargs=s.kafka.client_kwargs())
+    _publish_control(boot, prefix, [_event(current, "rejected", reason)], topic="weight_events", client_kwargs=s.kafka.client_kwargs())
     doc = {"rejected": current, "active": target}
     _print_json(doc) if json else out.print(f"rejected {current}; active now {target or 'the base model'}")
 
@@ -155,7 +156,7 @@ def actor_status(data_dir: DataDir = Path(".llmpipe"), config: ConfigFile = None
                  json: Json = False) -> None:
     """Every prepared revision: active / rejected, and each replica's last report."""
     s = _settings(data_dir, config, bootstrap)
-    book = _book(*_stack_bootstrap(s))
+    book = _book(*_stack_bootstrap(s), s)
     rows = [{"revision": rev, "active": rev == book.active, "rejected": book.rejected.get(rev),
              "replicas": book.reports.get(rev, {})} for rev in book.prepared]
     if json:

@@ -101,7 +101,8 @@ def _print_json(doc: Any) -> None:
     sys.stdout.flush()
 
 
-def _publish_control(bootstrap: str, prefix: str, records: list[tuple[str, Any]], topic: str = "control") -> None:
+def _publish_control(bootstrap: str, prefix: str, records: list[tuple[str, Any]], topic: str = "control",
+                     client_kwargs: dict[str, Any] | None = None) -> None:
     """Publish (key, record) pairs on `control` (or another registry topic), in order, acknowledged."""
     from aiokafka import AIOKafkaProducer
 
@@ -109,7 +110,7 @@ def _publish_control(bootstrap: str, prefix: str, records: list[tuple[str, Any]]
     from pipeline.runtime.topics import TopicNames
 
     async def run() -> None:
-        p = AIOKafkaProducer(bootstrap_servers=bootstrap, acks="all", enable_idempotence=False)
+        p = AIOKafkaProducer(bootstrap_servers=bootstrap, acks="all", enable_idempotence=False, **(client_kwargs or {}))
         await p.start()
         try:
             for key, record in records:

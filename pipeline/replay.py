@@ -28,7 +28,7 @@ from pipeline.runtime.outputs import make_producer
 from pipeline.runtime.stage_handler import ReplayMode, StageHandler
 from pipeline.runtime.topics import TopicNames
 from pipeline.runtime.topology import Topology
-from pipeline.settings import Settings
+from pipeline.settings import Settings, kafka_kwargs
 from pipeline.stores.warehouse import QueryResult
 
 
@@ -165,7 +165,8 @@ async def replay(
                            replay=ReplayMode(replay_id, shadow), on_evidence=decisions.extend)
     report = ReplayReport(replay_id, stage, full_topic, shadow)
     producer: AIOKafkaProducer = make_producer(settings, bootstrap)
-    consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False, fetch_max_wait_ms=5)
+    consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False, fetch_max_wait_ms=5,
+                                **kafka_kwargs(settings.kafka))
     await producer.start()
     await consumer.start()
     await asyncio.sleep(0)  # aiokafka: a consumer stopped before its first tick raises CancelledError

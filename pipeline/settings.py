@@ -17,7 +17,7 @@ from pydantic_settings import (
 
 from pipeline.contracts.adapter import AdapterSpec
 from pipeline.stages.adapters import LoraSettings
-from pipeline.stages.tenants import RateLimits, TenantSpec
+from pipeline.stages.tenants import RateLimits, TenantLimits, TenantSpec, default_tenant_limits
 
 CONFIG_ENV = "LLMPIPE_CONFIG"
 DEFAULT_CONFIG_FILE = "llmpipe.yaml"
@@ -46,6 +46,50 @@ class ConsumerSettings(BaseModel):
     # after an idle spell waits up to idle_fetch_max_wait_ms. Equal to fetch_max_wait_ms: off.
     idle_fetch_max_wait_ms: int = Field(50, ge=1)
     idle_after_ms: int = Field(1000, ge=0)
+
+
+class KafkaSecurity(BaseModel):
+    """How every Kafka client of a process authenticates to the brokers (aiokafka's options). The
+    embedded broker speaks PLAINTEXT only; a cluster should use SASL_SSL (or SSL with client certs)
+    with ACLs that let only the front door write `requests` and only stage principals write `stage.*`
+    and `control` (docs/ARCHITECTURE.md, "Who may write which topic")."""
+
+    security_protocol: Literal["PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"] = "PLAINTEXT"
+    sasl_mechanism: Literal["PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512"] | None = None
+    sasl_username: str | None = None
+    sasl_password: SecretStr | None = Field(None, description="from LLMPIPE_KAFKA__SASL_PASSWORD or a mounted Secret")
+    ssl_cafile: Path | None = Field(None, description="CA bundle that signed the brokers' certificates")
+    ssl_certfile: Path | None = Field(None, description="client certificate (mutual TLS)")
+    ssl_keyfile: Path | None = None
+
+    @model_validator(mode="after")
+    def _complete(self) -> "KafkaSecurity":
+        if self.security_protocol.startswith("SASL") and not (self.sasl_mechanism and self.sasl_username
+                                                              and self.sasl_password):
+            raise ValueError("kafka: SASL needs sasl_mechanism, sasl_username and sasl_password")
+        return self
+
+    def client_kwargs(self) -> dict[str, Any]:
+        """Keyword arguments for any aiokafka client (producer, consumer, admin)."""
+        if self.security_protocol == "PLAINTEXT":
+            return {}
+        kw: dict[str, Any] = {"security_protocol": self.security_protocol}
+        if self.security_protocol.endswith("SSL"):
+            import ssl
+
+            ctx = ssl.create_default_context(cafile=str(self.ssl_cafile) if self.ssl_cafile else None)
+            if self.ssl_certfile:
+                ctx.load_cert_chain(str(self.ssl_certfile), str(self.ssl_keyfile) if self.ssl_keyfile else None)
+            kw["ssl_context"] = ctx
+        if self.security_protocol.startswith("SASL"):
+            assert self.sasl_password is not None
+            kw |= {"sasl_mechanism": self.sasl_mechanism, "sasl_plain_username": self.sasl_username,
+                   "sasl_plain_password": self.sasl_password.get_secret_value()}
+        return kw
+
+
+def kafka_kwargs(security: "KafkaSecurity | None") -> dict[str, Any]:
+    return security.client_kwargs() if security is not None else {}
 
 
 class ProducerSettings(BaseModel):
@@ -131,10 +175,14 @@ def default_deployments() -> list[Deployment]:
 
 
 class AuthSettings(BaseModel):
-    """How mask treats requests without an API key. Keys present are always verified."""
+    """How the door and mask treat requests without an API key. Keys present are always verified."""
 
-    required: bool = Field(False, description="true: a request without an API key is rejected unauthenticated "
-                                              "(production); false: trusted producers may publish tenant_id directly")
+    required: bool = Field(True, description="true (the default): a request without an API key is rejected "
+                                             "unauthenticated; false: trusted producers may publish tenant_id "
+                                             "directly, and a request naming none runs as tenant `anonymous`")
+    dev_tenant: str | None = Field("dev", description="`llmpipe up` on a data dir without keys creates this tenant "
+                                                      "and prints its key once (DATA_DIR/secrets/dev-api-key, "
+                                                      "0600); None: no development tenant")
 
 
 class HttpSettings(BaseModel):
@@ -158,6 +206,9 @@ class SecretSettings(BaseModel):
     # key id -> base64 of 32 random bytes; unset: a local key is generated in DATA_DIR/secrets
     mask_keys: dict[str, SecretStr] = Field(default_factory=dict)
     mask_active_key: str | None = None
+    # bearer token of the warehouse's admin endpoint (/sql, /profile_runs); unset: generated into
+    # DATA_DIR/secrets/admin.token on first use (LLMPIPE_SECRETS__ADMIN_TOKEN sets it)
+    admin_token: SecretStr | None = None
 
 
 class StageSpec(BaseModel):
@@ -190,11 +241,16 @@ class Settings(BaseSettings):
     metrics_port: int | None = Field(None, description="Prometheus port; 0 = any free port")
     metrics_host: str = Field("127.0.0.1", description="0.0.0.0 in containers, so Prometheus can scrape")
     admin_port: int = 0
+    warehouse_user: str | None = Field(None, description="ClickHouse server user (not in the DSN: it is logged)")
+    warehouse_password: SecretStr | None = Field(None, description="ClickHouse server password, from the environment "
+                                                                   "or a mounted Secret")
     # semantic cache index: edge:/dir (embedded, default DATA_DIR/cache-index/edge), qdrant:http://host:6333
     vector_index: str | None = None
+    qdrant_api_key: SecretStr | None = Field(None, description="the Qdrant server's API key")
     broker_port: int = 0
     stages: list[StageSpec] = Field(default_factory=list)
     consumer: ConsumerSettings = ConsumerSettings()
+    kafka: KafkaSecurity = KafkaSecurity()
     producer: ProducerSettings = ProducerSettings()
     runtime: RuntimeSettings = RuntimeSettings()
     sink: SinkSettings = SinkSettings()
@@ -202,6 +258,8 @@ class Settings(BaseSettings):
     engine: EngineSettings = EngineSettings()
     deployments: list[Deployment] = Field(default_factory=default_deployments)
     tenants: list[TenantSpec] = Field(default_factory=list, description="tenants and hashed keys; control adds more")
+    tenant_defaults: TenantLimits = Field(default_factory=default_tenant_limits,
+                                          description="limits of a tenant nobody configured (unknown, anonymous)")
     auth: AuthSettings = AuthSettings()
     adapters: list[AdapterSpec] = Field(default_factory=list, description="LoRA adapters; control adds more")
     lora: LoraSettings = LoraSettings()
@@ -288,7 +346,8 @@ def load_settings(config: Path | None = None, **overrides: Any) -> Settings:
     return s
 
 
-WORKER_CONFIG_FIELDS = {"stages", "tenants", "deployments", "engine", "runtime", "consumer"}
+# (not `kafka`: the embedded broker's children speak PLAINTEXT, and secrets would dump masked)
+WORKER_CONFIG_FIELDS = {"stages", "tenants", "tenant_defaults", "auth", "deployments", "engine", "runtime", "consumer"}
 
 
 def worker_config_yaml(settings: Settings) -> str:

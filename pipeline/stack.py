@@ -17,11 +17,13 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import httpx
 
+from pipeline.dev_key import ensure_dev_tenant
 from pipeline.ingress.http import FrontDoor, HttpServer
 from pipeline.runtime.broker import EmbeddedBroker, free_port
 from pipeline.runtime.launch import sink_worker, stage_worker, start_all
@@ -29,8 +31,8 @@ from pipeline.runtime.metrics import serve_metrics
 from pipeline.runtime.topics import apply_topics
 from pipeline.runtime.topology import Topology
 from pipeline.settings import CONFIG_ENV, Settings
-from pipeline.stores.sql_gateway import AdminServer
-from pipeline.stores.warehouse import Warehouse
+from pipeline.stores.sql_gateway import AdminServer, admin_token_for
+from pipeline.stores.warehouse import Warehouse, open_warehouse
 from pipeline.stores.warehouse_sink import SINK_STAGE
 
 log = logging.getLogger(__name__)
@@ -53,6 +55,7 @@ class StackInfo:
     pids: dict[str, int] = field(default_factory=dict)
     metrics_url: str | None = None
     started_at: float = field(default_factory=time.time)
+    dev_key_new: bool = False  # this start created the development key (`llmpipe up` shows it once)
 
     def write(self, data_dir: Path) -> None:
         tmp = data_dir / (STACK_FILE + ".tmp")
@@ -175,10 +178,11 @@ async def _wait_http(url: str, timeout_s: float) -> None:
     raise StackError(f"{url} did not become healthy within {timeout_s:.0f}s")
 
 
-async def run_stack(settings: Settings, processes: bool = False) -> None:
-    """The supervisor: start everything, write stack.json, wait for a signal, stop everything."""
+async def run_stack(settings: Settings, processes: bool = False,
+                    on_ready: Callable[[StackInfo], None] | None = None) -> None:
+    """The supervisor: start everything, write stack.json (then `on_ready`), wait for a signal, stop everything."""
     data_dir = settings.resolved_data_dir()
-    data_dir.mkdir(parents=True, exist_ok=True)
+    data_dir.mkdir(mode=0o700, parents=True, exist_ok=True)  # keys, evidence, blobs: the owner's alone
     if running_stack(data_dir):
         raise StackError(f"a stack is already running for {data_dir} (llmpipe down first)")
     topology = Topology(settings)
@@ -199,9 +203,11 @@ async def run_stack(settings: Settings, processes: bool = False) -> None:
             broker = await EmbeddedBroker(data_dir, settings.broker_port).start()
             bootstrap = broker.bootstrap
         await apply_topics(bootstrap, settings.topic_prefix, topology.topic_registry())
+        dev_key_new = bool(await ensure_dev_tenant(settings, bootstrap))
         for name in stages:
             topology.stage_class(name)  # fail fast on a bad topology, before anything runs
         admin_port = settings.admin_port or free_port()
+        admin_token = admin_token_for(settings)  # created before a sink child reads the same file
         metrics_url = None
         pids = {"supervisor": os.getpid(), **({"broker": broker.proc.pid} if broker and broker.proc else {})}
         if processes:
@@ -213,15 +219,17 @@ async def run_stack(settings: Settings, processes: bool = False) -> None:
             supervise = asyncio.create_task(children.supervise(stop))
             http = await HttpServer(FrontDoor(settings, bootstrap), settings.http.host, settings.http.port).start()
             info = StackInfo(bootstrap, f"http://127.0.0.1:{admin_port}", http.url, settings.topic_prefix,
-                             settings.resolved_warehouse_dsn(), stages, pids)
+                             settings.resolved_warehouse_dsn(), stages, pids, dev_key_new=dev_key_new)
             info.write(data_dir)
+            if on_ready is not None:
+                on_ready(info)
             log.info("stack ready: %s", info)
             await stop.wait()
             await supervise
             return
-        warehouse = Warehouse(settings.resolved_warehouse_dsn())
+        warehouse = open_warehouse(settings)
         await asyncio.to_thread(warehouse.migrate)
-        admin = await AdminServer(warehouse, admin_port).start()
+        admin = await AdminServer(warehouse, admin_port, admin_token).start()
         if settings.metrics_port is not None:
             metrics_url = f"http://127.0.0.1:{serve_metrics(settings.metrics_port, settings.metrics_host)}/metrics"
         workers = [sink_worker(settings, bootstrap, warehouse)] + [
@@ -234,8 +242,10 @@ async def run_stack(settings: Settings, processes: bool = False) -> None:
             await ready.wait()
             http = await HttpServer(FrontDoor(settings, bootstrap), settings.http.host, settings.http.port).start()
             info = StackInfo(bootstrap, admin.url, http.url, settings.topic_prefix, settings.resolved_warehouse_dsn(),
-                             stages, pids, metrics_url)
+                             stages, pids, metrics_url, dev_key_new=dev_key_new)
             info.write(data_dir)
+            if on_ready is not None:
+                on_ready(info)
             log.info("stack ready: broker %s, admin %s, stages %s", bootstrap, admin.url, stages or "none")
 
         announcer = asyncio.create_task(announce())

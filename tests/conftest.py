@@ -4,9 +4,11 @@ to run stage workers and the warehouse sink as real processes."""
 from __future__ import annotations
 
 import asyncio
+import http.server
 import os
 import subprocess
 import sys
+import threading
 import time
 import uuid
 from collections.abc import Callable
@@ -21,7 +23,7 @@ from pipeline.runtime.broker import EmbeddedBroker, free_port
 from pipeline.runtime.topics import apply_topics
 from pipeline.runtime.topology import Topology
 from pipeline.settings import Settings, StageSpec, worker_config_yaml
-from pipeline.stores.sql_gateway import query_via_admin
+from pipeline.stores.sql_gateway import ensure_admin_token, query_via_admin
 
 ROOT = Path(__file__).resolve().parents[1]
 # Every process we start (and this one) keeps torch/BLAS to one thread on 2 cores.
@@ -117,6 +119,7 @@ class Sink:
         (tmp_path / "sink").mkdir(exist_ok=True)
         self.proc = Proc("sink", s, tmp_path / "sink.log", args=["--admin-port", str(self.port)])
         self.url = f"http://127.0.0.1:{self.port}"
+        self.data_dir = tmp_path / "sink"
 
     async def ready(self) -> None:
         def ok() -> bool:
@@ -130,7 +133,8 @@ class Sink:
         await wait_until(ok, 60, "sink admin endpoint")
 
     def query(self, sql: str, params: dict[str, Any] | None = None) -> list[tuple]:
-        return query_via_admin(self.url, sql, params).rows
+        # the sink process's admin token: the same DATA_DIR/secrets/admin.token (created by whoever is first)
+        return query_via_admin(self.url, sql, params, token=ensure_admin_token(self.data_dir)).rows
 
     def scalar(self, sql: str) -> Any:
         return self.query(sql)[0][0]
@@ -168,3 +172,27 @@ async def image_server():
         yield server
     finally:
         await server.stop()
+
+
+@pytest.fixture
+def listener():
+    """A local HTTP server that counts every request made to it (it stands in for the cloud
+    metadata address when a test proves that nothing connects there)."""
+    hits: list[str] = []
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):  # noqa: N802
+            hits.append(self.path)
+            body = b'{"type": "string"}'
+            self.send_response(200)
+            self.send_header("content-length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield f"http://127.0.0.1:{server.server_address[1]}", hits
+    server.shutdown()

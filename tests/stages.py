@@ -136,3 +136,20 @@ class Grow(Stage):
         pad = int(self.ctx.policy.get("pad_bytes", 0)) if "grow" in doc.prompt_text() else 0
         doc = doc.model_copy(update={"labels": {**doc.labels, "pad": "x" * pad}})
         return Outcome.forward(doc, self.evidence(doc, "grown", scores={"pad": float(pad)}))
+
+
+class FakeGenerate(Stage):
+    """Fills the generation section the way generate does, without a model, so postprocess (the
+    product stage) validates, writes back and answers: the answer names the caller's principal,
+    and a request that says `backtrack` gets a string built to make a catastrophic regex spin."""
+
+    async def process(self, doc: RequestDoc) -> Outcome:
+        from pipeline.contracts.request import GenerationSection
+
+        prompt = doc.prompt_text()
+        text = '"' + "a" * 40 + '!"' if "backtrack" in prompt else f"answer for {doc.principal}"
+        gen = GenerationSection(deployment="fake", model="fake", model_revision="fake@1", text=text,
+                                prompt_token_ids=[1], token_ids=[2], finish_reason="stop", tokens_in=1, tokens_out=1,
+                                ttft_ms=1.0)
+        doc = doc.model_copy(update={"generation": gen})
+        return Outcome.forward(doc, self.evidence(doc, "generated", "fake"))

@@ -45,6 +45,18 @@ def test_verification_refuses_what_must_never_load(adapter_dir, tmp_path):
     assert adapter_digest(adapter_dir) != good.sha256
 
 
+def test_a_symlink_inside_an_adapter_is_refused(adapter_dir, tmp_path):
+    """A link could make the engine read a file outside the allowed roots (the digest follows it)."""
+    lora = LoraSettings(allowed_roots=[tmp_path / "roots"], max_lora_rank=16)
+    secret = tmp_path / "outside.bin"
+    secret.write_bytes(b"not an adapter")
+    (adapter_dir / "extra.bin").symlink_to(secret)
+    linked = spec(adapter_dir)
+    assert "symlinks" in incompatibility(linked, lora)
+    path, why = verified_snapshot(linked, lora, tmp_path / "snapshots")
+    assert path is None and "symlinks" in why
+
+
 def test_the_engine_loads_a_verified_private_copy(adapter_dir, tmp_path):
     lora = LoraSettings(allowed_roots=[tmp_path / "roots"])
     s = spec(adapter_dir)

@@ -117,6 +117,21 @@ async def test_an_idempotency_key_executes_once_and_every_duplicate_gets_its_res
     decisions = Counter(e.decision for e in rows if e.stage == "admit")
     assert decisions["duplicate_parked"] == 4 and decisions["duplicate_answered"] == 4, decisions
     assert decisions["duplicate_replayed"] == 1, decisions
+    # the kept result is an un-masked answer: on the changelog it is sealed, never in the clear
+    state = [r.value for r in await read_topic(broker.bootstrap, names("admit.state"), 10_000, timeout=5) if r.value]
+    assert any(b'"response_sealed":"v1.' in v for v in state)
+    assert not [v for v in state if late.text.encode() in v or b'"response":{' in v]
+    # ... and a restarted admit opens it: a duplicate after the restart still gets the one result
+    workers = [stage_worker(s, topo, "admit", broker.bootstrap), stage_worker(s, topo, "answer", broker.bootstrap)]
+    await asyncio.gather(*(w.start() for w in workers))
+    try:
+        async with Client(broker.bootstrap, topic_prefix=prefix) as client:
+            again = client.build(body=body("Refund order 42"), tenant_id="shop", timeout_s=60, idempotency_key="refund-42")
+            restored = await client.wait(again.request_id, (await client.submit_many([again]))[0], 60)
+    finally:
+        for w in reversed(workers):
+            await w.stop()
+    assert restored.status == "ok" and restored.text == late.text and restored.duplicate_of == owners[0].request_id
 
 
 async def test_deployment_limits_spill_to_the_next_deployment_and_never_fall_back_past_a_limit(

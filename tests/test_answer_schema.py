@@ -3,8 +3,6 @@ file, or stall on a regex; the contract refuses what cannot be bounded with a cl
 
 from __future__ import annotations
 
-import http.server
-import threading
 import time
 
 import pytest
@@ -17,29 +15,6 @@ from pipeline.stages.answer_schema import schema_violation
 
 REVIEWED = r"^(\w+\s?)*$"  # the review's pattern: 0.8 s at 24 characters with `re`, doubling with each one more
 EVIL = r"^(a|aa)+$"  # exponential even for the `regex` module, which handles REVIEWED in linear time
-
-
-@pytest.fixture
-def listener():
-    """A local HTTP server that counts every connection made to it."""
-    hits: list[str] = []
-
-    class Handler(http.server.BaseHTTPRequestHandler):
-        def do_GET(self):  # noqa: N802
-            hits.append(self.path)
-            body = b'{"type": "string"}'
-            self.send_response(200)
-            self.send_header("content-length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
-
-        def log_message(self, *args):
-            pass
-
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    yield f"http://127.0.0.1:{server.server_address[1]}", hits
-    server.shutdown()
 
 
 def test_a_remote_ref_is_never_retrieved(listener):

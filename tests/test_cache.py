@@ -28,9 +28,10 @@ def cache(embedder, tmp_path):
     index.close()
 
 
-def doc(text: str = Q, tenant: str = "acme", model: str | None = None, **ctx) -> RequestDoc:
+def doc(text: str = Q, tenant: str = "acme", model: str | None = None, principal: str | None = "alice",
+        **ctx) -> RequestDoc:
     return RequestDoc(request_id="r", tenant_id=tenant, body={"messages": [{"role": "user", "content": text}], "model": model},
-                      context=RequestContext(**ctx))
+                      principal=principal, context=RequestContext(**ctx))
 
 
 def lookup(cache: SemanticCache, d: RequestDoc, at_ms: int | None = None):
@@ -47,7 +48,7 @@ def test_a_paraphrase_hits_with_the_stored_answer(cache):
 @pytest.mark.parametrize("other", [
     {"tenant": "globex"},
     {"model": "large"},
-    {"acl_scope": "user:bob"},
+    {"acl_scope": "user"},  # alice's own entries are not the tenant's
     {"locale": "ko"},
     {"data_version": "kb-2"},
 ])
@@ -60,6 +61,16 @@ def test_no_hit_across_any_boundary(cache, other):
     model = other.pop("model", None)
     sec = lookup(cache, doc(tenant=tenant, model=model, **other))
     assert sec.decision == "miss" and sec.answer is None
+
+
+def test_a_key_claiming_another_principals_scope_neither_reads_nor_poisons_it(cache):
+    """The scope comes from the authenticated principal: bob writing `user:alice` lands in his own."""
+    cache.apply(cache.put_record(doc(acl_scope="user"), "alice's private answer"))
+    assert lookup(cache, doc(acl_scope="user")).decision == "hit"  # alice reads her own
+    assert lookup(cache, doc(principal="bob", acl_scope="user:alice")).decision == "miss"
+    cache.apply(cache.put_record(doc(principal="bob", acl_scope="user:alice"), "bob's poison"))
+    sec = lookup(cache, doc(acl_scope="user"))
+    assert sec.decision == "hit" and sec.answer == "alice's private answer"
 
 
 def test_another_system_prompt_is_another_boundary(cache):

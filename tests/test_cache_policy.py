@@ -9,6 +9,7 @@ from pipeline.contracts.request import RequestContext
 from pipeline.stages.cache_policy import (
     CachePolicy,
     GateRules,
+    acl_scope,
     boundary_for,
     bypass_reason,
     detect_domain,
@@ -30,9 +31,9 @@ def analyze():
     return TextAnalyzer().analyze
 
 
-def doc(text: str, **ctx) -> RequestDoc:
+def doc(text: str, principal: str | None = None, roles: tuple[str, ...] = (), **ctx) -> RequestDoc:
     return RequestDoc(request_id="r", tenant_id="t1", body={"messages": [{"role": "user", "content": text}]},
-                      context=RequestContext(**ctx))
+                      principal=principal, roles=list(roles), context=RequestContext(**ctx))
 
 
 def lexical(words, against):  # a word matches only itself: isolates the gate's lexical rules
@@ -66,10 +67,28 @@ def test_domain_detection_and_mode_precedence():
 
 
 def test_every_boundary_field_comes_from_the_request_or_policy():
-    b = boundary_for(doc("hi", locale="ko", acl_scope="role:agent", data_version="kb-7"), POLICY, "faq", "emb@1")
+    b = boundary_for(doc("hi", roles=("agent",), locale="ko", acl_scope="role:agent", data_version="kb-7"),
+                     POLICY, "faq", "emb@1")
     assert b.as_payload() == {"tenant": "t1", "acl_scope": "role:agent", "model_revision": "default@r1",
                               "prompt_revision": "prompt@r1", "data_version": "kb-7", "locale": "ko",
                               "embedding_revision": "emb@1", "domain": "faq"}
+
+
+def test_the_acl_scope_is_who_the_caller_is_never_what_it_claims():
+    # `user` scopes are always the caller's own principal, whatever name the request writes
+    assert acl_scope(doc("hi", principal="bob", acl_scope="user:alice")) == "user:bob"
+    assert acl_scope(doc("hi", principal="bob", acl_scope="user")) == "user:bob"
+    assert acl_scope(doc("hi", acl_scope="user:alice")) is None  # no principal: no user scope at all
+    # a role or group scope needs the role, from the caller's key
+    assert acl_scope(doc("hi", roles=("agent",), acl_scope="role:agent")) == "role:agent"
+    assert acl_scope(doc("hi", roles=("agent",), acl_scope="role:admin")) is None
+    assert acl_scope(doc("hi", roles=("sales",), acl_scope="group:sales")) == "role:sales"
+    assert acl_scope(doc("hi", acl_scope="tenant")) == "tenant"
+    assert acl_scope(doc("hi", acl_scope="tenant:other")) is None
+    # a scope the caller does not hold neither reads nor writes the cache
+    assert bypass_reason(doc("What are your opening hours?", roles=("agent",), acl_scope="role:admin"), POLICY,
+                         "faq") == "acl_scope_not_held"
+    assert boundary_for(doc("hi", principal="bob", acl_scope="user:alice"), POLICY, "faq", "e").acl_scope == "user:bob"
 
 
 def test_gate_refuses_near_misses_that_cosine_cannot(analyze):

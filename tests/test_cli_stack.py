@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
 import subprocess
 import sys
+from pathlib import Path
 
 import orjson
 import pytest
+import yaml
 
 from tests.conftest import ROOT
 
@@ -23,6 +26,19 @@ def llmpipe(*args: str, data_dir, timeout: float = 180) -> subprocess.CompletedP
 
 def last_json(proc: subprocess.CompletedProcess):
     return orjson.loads(proc.stdout.strip().splitlines()[-1])
+
+
+@contextlib.contextmanager
+def running(config: dict, data_dir: Path, *up_args: str):
+    """`llmpipe up --detach` on `config` (written to DATA_DIR/llmpipe.yaml); its stack info; down."""
+    cfg = data_dir / "llmpipe.yaml"
+    cfg.write_text(yaml.safe_dump(config))
+    up = llmpipe("up", "--detach", *up_args, "--config", str(cfg), "--json", data_dir=data_dir, timeout=600)
+    assert up.returncode == 0, up.stderr
+    try:
+        yield last_json(up)
+    finally:
+        assert llmpipe("down", data_dir=data_dir, timeout=180).returncode == 0
 
 
 @pytest.fixture

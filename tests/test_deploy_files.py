@@ -208,7 +208,7 @@ def compose_validators() -> list[tuple[str, object]]:
 
     # No engine is contacted; a Python CLI (Debian's v1) must not see this interpreter's path.
     cli_env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONHOME", "COMPOSE_FILE")}
-    cli_env |= {"COMPOSE_PROFILES": "", "DOCKER_HOST": "unix:///nonexistent.sock"}
+    cli_env |= {"COMPOSE_PROFILES": "", "DOCKER_HOST": "unix:///nonexistent.sock"} | COMPOSE_SECRETS
     for cli in clis:
         def check(path: Path, cli=cli) -> str | None:
             proc = subprocess.run(
@@ -220,6 +220,63 @@ def compose_validators() -> list[tuple[str, object]]:
 
         found.append((shlex.join(cli) + " config -q", check))
     return found
+
+
+# What an operator puts in .env: compose refuses to start without them (no default passwords).
+COMPOSE_SECRETS = {"CLICKHOUSE_PASSWORD": "pw-from-env", "QDRANT_API_KEY": "key-from-env", "VLLM_API_KEY": "vk"}
+
+
+def _published(port) -> tuple[str, str]:
+    """(host address, host port) of a compose port entry, short or long syntax; '' = every interface."""
+    if isinstance(port, dict):
+        return str(port.get("host_ip") or ""), str(port.get("published") or "")
+    text = str(port).split("/")[0]
+    if text.startswith("["):  # [::1]:8080:8080
+        host, _, rest = text[1:].partition("]:")
+        return host, rest.split(":")[0]
+    parts = text.split(":")
+    return (parts[0], parts[1]) if len(parts) == 3 else ("", parts[0] if len(parts) == 2 else "")
+
+
+def compose_exposure_problems(compose: dict, env: bool = True) -> list[str]:
+    """Ports published beyond localhost; with `env`, secrets given literally or with a default
+    (not for a rendered file: its values are interpolated)."""
+    problems = []
+    for name, svc in (compose.get("services") or {}).items():
+        for port in svc.get("ports") or []:
+            host, published = _published(port)
+            if host not in ("127.0.0.1", "::1", "localhost"):
+                problems.append(f"{name}: port {published or port} is published on {host or 'every interface'}")
+        for var, value in env_dict(svc.get("environment")).items() if env else ():
+            if re.search(r"PASSWORD|API_KEY|SECRET", var) and value and not re.fullmatch(r"\$\{\w+:\?[^}]*\}", value):
+                if not value.startswith("${"):
+                    problems.append(f"{name}: {var} has a literal value")
+                elif ":-" in value:
+                    problems.append(f"{name}: {var} has a default ({value})")
+    return problems
+
+
+def test_compose_publishes_nothing_beyond_localhost_and_has_no_default_passwords():
+    compose = load_yaml(COMPOSE_FILE)
+    assert compose_exposure_problems(compose) == []
+    assert compose_exposure_problems({"services": {"x": {"ports": ["8080:8080", "0.0.0.0:1:1"],
+                                                         "environment": {"A_PASSWORD": "${P:-llmpipe}"}}}}) == [
+        "x: port 8080 is published on every interface", "x: port 1 is published on 0.0.0.0",
+        "x: A_PASSWORD has a default (${P:-llmpipe})"]
+    # What a Compose CLI renders (interpolated, normalised) says the same, and without the secrets
+    # in the environment it refuses the file.
+    clis = [c for c in (shutil.which("docker-compose"),) if c]
+    assert clis or compose_validators(), INSTALL_HINT
+    base_env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONHOME", "COMPOSE_FILE")}
+    base_env |= {"COMPOSE_PROFILES": "", "DOCKER_HOST": "unix:///nonexistent.sock"}
+    for cli in clis:
+        args = [cli, "-f", str(COMPOSE_FILE), "--project-directory", str(ROOT), "--profile", "gpu", "config"]
+        rendered = subprocess.run(args, capture_output=True, text=True, timeout=120, cwd=ROOT,
+                                  env=base_env | COMPOSE_SECRETS)
+        assert rendered.returncode == 0, rendered.stderr
+        assert compose_exposure_problems(yaml.safe_load(rendered.stdout), env=False) == []
+        refused = subprocess.run(args, capture_output=True, text=True, timeout=120, cwd=ROOT, env=base_env)
+        assert refused.returncode != 0 and "CLICKHOUSE_PASSWORD" in (refused.stderr + refused.stdout)
 
 
 def _runs(cmd: list[str]) -> bool:

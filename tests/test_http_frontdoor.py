@@ -13,12 +13,11 @@ import time
 import httpx
 import openai
 import pytest
-import yaml
 from PIL import Image
 
 from pipeline.stages.adapters import adapter_digest
 from pipeline.stages.tenants import key_hash, new_api_key
-from tests.test_cli_stack import last_json, llmpipe
+from tests.test_cli_stack import last_json, llmpipe, running
 
 pytestmark = pytest.mark.integration
 
@@ -62,15 +61,8 @@ def door(tmp_path_factory):
             {"name": "postprocess"},
         ],
     }
-    cfg = data_dir / "llmpipe.yaml"
-    cfg.write_text(yaml.safe_dump(config))
-    up = llmpipe("up", "--detach", "--processes", "--config", str(cfg), "--json", data_dir=data_dir, timeout=600)
-    assert up.returncode == 0, up.stderr
-    info = last_json(up)
-    try:
+    with running(config, data_dir, "--processes") as info:
         yield info, keys, data_dir
-    finally:
-        assert llmpipe("down", data_dir=data_dir, timeout=180).returncode == 0
 
 
 def client(info, key: str | None, **kw) -> openai.OpenAI:
@@ -248,3 +240,27 @@ def test_adapters_are_authorised_per_tenant_and_registered_live(door):
                 break
             assert exc.body["code"] in ("adapter_unavailable", "adapter_forbidden") and time.monotonic() < deadline
             time.sleep(1)
+
+
+def test_no_api_key_rests_on_any_topic(door):
+    """The door publishes its signed caller assertion, never the key; mask strips the assertion."""
+    import asyncio
+
+    from tests.conftest import read_topic
+
+    info, keys, _ = door
+    r = client(info, keys["other"]).chat.completions.create(
+        model="small", messages=[{"role": "user", "content": "Say hi."}], max_tokens=3)
+    assert r.choices[0].message.content is not None
+    prefix = info["topic_prefix"]
+    for topic in ("requests", "stage.cache", "stage.route", "responses", "dlq", "admit.state", "evidence"):
+        records = asyncio.run(read_topic(info["bootstrap"], prefix + topic, 10_000, timeout=3))
+        blob = b"".join((rec.value or b"") + b"".join(v for _, v in rec.headers or ()) for rec in records)
+        leaked = [t for t, k in keys.items() if k.encode() in blob]
+        assert not leaked, (topic, leaked)
+        if topic == "requests":
+            assert records and all(b'"caller_assertion":"a1.' in rec.value for rec in records)
+            assert all(b'"api_key":null' in rec.value or b'"api_key"' not in rec.value for rec in records)
+        if topic.startswith("stage."):
+            assert all(b'"caller_assertion":null' in rec.value or b"caller_assertion" not in rec.value
+                       for rec in records)

@@ -57,6 +57,21 @@ def test_plain_text_is_left_alone(masker, text):
     assert result.texts == [text] and result.total == 0
 
 
+@pytest.mark.parametrize("text,masked", [
+    ("서울특별시 강남구 테헤란로 123", "<LOCATION_1>"),
+    ("부산광역시 해운대구 해운대로 570번길 12", "<LOCATION_1>"),
+    ("배송지: 경기도 양구군 양구읍 금강산로 12-3 (3층)", "배송지: <LOCATION_1> (3층)"),
+    ("제주특별자치도 제주시 1100로 3000", "<LOCATION_1>"),
+    ("서울시강남구테헤란로123", "<LOCATION_1>"),
+    ("김철수님 안녕하세요", "<PERSON_1>님 안녕하세요"),
+    ("010-1234-5678", "<PHONE_NUMBER_1>"),
+    ("Dr. Jane Smith", "Dr. <PERSON_1>"),
+    ("Dry Smith", "Dry Smith"),  # a title's dot is literal
+])
+def test_project_recognizers_find_addresses_names_and_phones(masker, text, masked):
+    assert masker.mask([text]).texts == [masked]
+
+
 def test_one_value_one_placeholder_across_messages(masker):
     r = masker.mask(["Mail john@example.com now", "Did john@example.com answer? Try ann@example.com"])
     assert r.texts == ["Mail <EMAIL_ADDRESS_1> now", "Did <EMAIL_ADDRESS_1> answer? Try <EMAIL_ADDRESS_2>"]
@@ -108,7 +123,8 @@ def test_keys_from_settings_or_a_private_local_file(tmp_path):
 
 @pytest.mark.asyncio
 async def test_stage_evidence_counts_types_and_never_text(tmp_path):
-    s = Settings(data_dir=tmp_path, stages=[StageSpec(name="mask", policy={"version": "mask-test"})])
+    s = Settings(data_dir=tmp_path, stages=[StageSpec(name="mask", policy={"version": "mask-test"})],
+                 auth={"required": False})  # a trusted producer's request: no key
     stage = MaskStage(StageContext(spec=s.stage("mask"), settings=s, runtime=s.runtime))
     await stage.start()
     [out] = await stage.process_batch([_doc("Dr. Alice Wong, alice@wong.org, 4111 1111 1111 1111")])

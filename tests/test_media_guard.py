@@ -89,7 +89,11 @@ def test_tenant_allow_list():
 def test_resolved_addresses_are_vetted():
     t = vet_url("http://internal.example.com/a.jpg", RULES)
     assert isinstance(t, Target)
-    assert vet_address("10.1.2.3", t, RULES).reason == "internal.example.com resolves to 10.1.2.3, which is private"
+    refusal = vet_address("10.1.2.3", t, RULES).reason
+    assert refusal == "internal.example.com resolves to an address that is not public: private"
+    assert "10.1.2.3" not in refusal  # no DNS oracle: the caller never learns the private address
+    assert "::ffff" not in vet_address("::ffff:10.1.2.3", t, RULES).reason
+    assert "10.1.2.3" not in vet_address("::ffff:10.1.2.3", t, RULES).reason
     assert vet_address("::ffff:10.1.2.3", t, RULES) is not None
     assert vet_address("93.184.215.14", t, RULES) is None
 

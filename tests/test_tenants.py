@@ -47,7 +47,7 @@ def test_limit_updates_merge_and_invalid_ones_change_nothing():
     assert reg.apply(TenantUpsert(tenant="acme", limits={"rpm": 120, "concurrency": 4}))
     assert reg.apply(TenantUpsert(tenant="acme", limits={"rpm": 60}))
     lim = reg.limits_for("acme")
-    assert lim.rpm == 60 and lim.concurrency == 4 and lim.tpm is None
+    assert lim.rpm == 60 and lim.concurrency == 4 and lim.tpm == reg.defaults.tpm  # a new tenant starts from the defaults
     assert not reg.apply(TenantUpsert(tenant="acme", limits={"rpm": -1}))
     assert reg.limits_for("acme").rpm == 60
 
@@ -65,6 +65,11 @@ def test_authenticate_strips_the_key_and_names_the_caller():
     bare = doc.model_copy(update={"api_key": None, "tenant_id": "acme"})
     assert authenticate(bare, reg, required=True)[1] == "unauthenticated"
     assert authenticate(bare, reg, required=False)[1] is None
+    # auth off and no tenant named: the anonymous tenant, metered by the defaults, never "no limits"
+    anon, refused, _ = authenticate(bare.model_copy(update={"tenant_id": None}), reg, required=False)
+    assert refused is None and anon.tenant_id == "anonymous"
+    assert reg.limits_for("anonymous") == reg.limits_for("nobody-configured") == reg.defaults
+    assert reg.defaults.rpm is not None and reg.defaults.concurrency is not None
 
 
 def cli(*args: str, prefix: str, bootstrap: str) -> subprocess.CompletedProcess:

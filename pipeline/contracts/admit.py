@@ -98,7 +98,9 @@ class IdempotencyRecord(WireModel):
     state: Literal["in_progress", "done"]
     at_ms: int
     expires_ms: int
-    response: Response | None = None
+    response: Response | None = Field(None, description="in memory only: on the topic it is `response_sealed`")
+    response_sealed: str | None = Field(None, description="the result (an un-masked answer), AES-GCM sealed with "
+                                                          "the mask keyring to this claim")
     waiters: list[RequestDoc] = Field(default_factory=list)
 
 

@@ -14,6 +14,9 @@ from pipeline.contracts.base import WireModel, now_ms
 from pipeline.contracts.caller_schema import caller_schema_problem
 
 REQUEST_SCHEMA = "request/v1"
+# The tenant of a request that names none (auth off, or published past mask): metered by the
+# stack's tenant defaults and scoped like any other tenant, never "no tenant, no limits".
+ANONYMOUS_TENANT = "anonymous"
 
 
 class ReplyTo(WireModel):
@@ -199,7 +202,8 @@ class AdmissionSection(WireModel):
     tokens_reserved: int = Field(ge=0, description="prompt tokens + max_tokens")
     cost_reserved_usd: float = Field(ge=0, description="worst case over the deployments it may run on")
     waited_ms: int = Field(0, ge=0, description="time in the tenant's wait queue")
-    metered: bool = Field(True, description="false: the tenant has no configured limits")
+    metered: bool = Field(True, description="always true now (an unconfigured tenant gets the defaults); "
+                                            "false in rows from before that")
     deployment: str | None = Field(None, description="the deployment whose limits admitted it (None: none apply)")
     deployments: list[str] = Field(default_factory=list,
                                    description="where generate may run it, in order: the admitted deployment, then "
@@ -282,6 +286,9 @@ class RequestDoc(WireModel):
     key_id: str | None = Field(None, description="first 12 hex of the API key's SHA-256 (set by mask)")
     # Carried only on events published straight to Kafka; mask verifies and strips it.
     api_key: str | None = None
+    caller_assertion: str | None = Field(None, description="the front door's signed statement of the verified "
+                                                           "caller, for this request only (the key never travels); "
+                                                           "mask verifies and strips it")
     created_ms: int = Field(default_factory=now_ms)
     deadline_ms: int | None = Field(None, description="epoch ms after which nobody waits")
     attempt: int = Field(0, ge=0, description="caller's retry number of this request_id")

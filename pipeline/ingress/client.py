@@ -25,6 +25,7 @@ from pipeline.runtime.codec import decode, encode, request_headers
 from pipeline.runtime.errors import DecodeError
 from pipeline.runtime.polling import FetchPacer, guarded_getmany
 from pipeline.runtime.topics import TopicNames
+from pipeline.settings import KafkaSecurity, kafka_kwargs
 
 log = logging.getLogger(__name__)
 
@@ -42,8 +43,10 @@ class Client:
         reply_partition: int | None = None,
         entry_topic: str = "requests",
         default_timeout_s: float = 60.0,
+        security: KafkaSecurity | None = None,
     ) -> None:
         self.bootstrap = bootstrap
+        self.kafka = kafka_kwargs(security)
         self.names = TopicNames(topic_prefix)
         self.entry_topic = self.names(entry_topic)
         self.reply_partition = reply_partition
@@ -60,7 +63,7 @@ class Client:
 
     async def start(self) -> "Client":
         self.producer = AIOKafkaProducer(bootstrap_servers=self.bootstrap, acks="all", linger_ms=1,
-                                          enable_idempotence=False, max_request_size=8 << 20)
+                                          enable_idempotence=False, max_request_size=8 << 20, **self.kafka)
         await self.producer.start()
         partitions = await self.producer.partitions_for(self.names.responses)
         if not partitions:
@@ -68,7 +71,7 @@ class Client:
         if self.reply_partition is None:
             self.reply_partition = random.choice(sorted(partitions))
         self.consumer = AIOKafkaConsumer(bootstrap_servers=self.bootstrap, enable_auto_commit=False,
-                                         fetch_max_wait_ms=5, auto_offset_reset="earliest")
+                                         fetch_max_wait_ms=5, auto_offset_reset="earliest", **self.kafka)
         await self.consumer.start()
         await asyncio.sleep(0)  # aiokafka: a consumer stopped before its first tick raises CancelledError
         tp = TopicPartition(self.names.responses, self.reply_partition)

@@ -6,9 +6,10 @@ the answer on this door's own reply partition becomes the HTTP response.
     GET  /metrics               Prometheus text (this process's registry)
 
 The door authenticates the key against the tenant registry (config + `control`) before anything
-is published: an unknown or revoked key is a 401 that costs the pipeline nothing. The key still
-travels in the event so mask verifies it again (a key revoked between door and mask is refused)
-and strips it; it is never logged. Pipeline-specific request fields ride in an optional
+is published: an unknown or revoked key is a 401 that costs the pipeline nothing. The key itself
+never travels: the event carries the door's caller assertion, signed for this request only
+(pipeline/stages/caller_assertion.py), which mask verifies against the live registry (a key
+revoked between door and mask is refused) and strips. The key is never logged. Pipeline-specific request fields ride in an optional
 `llmpipe` object of the body (`extra_body={"llmpipe": {...}}` in the openai client): timeout_s,
 context, device_id, device.
 
@@ -41,6 +42,8 @@ from pipeline.runtime.codec import describe_validation_error
 from pipeline.runtime.follower import ControlFollower
 from pipeline.runtime.topics import TopicNames
 from pipeline.settings import Settings
+from pipeline.stages.caller_assertion import sign as sign_assertion
+from pipeline.stages.restore_mapping import Keyring, keyring_for
 from pipeline.stages.tenants import Caller, TenantRegistry
 
 log = logging.getLogger(__name__)
@@ -65,21 +68,27 @@ class FrontDoor:
     def __init__(self, settings: Settings, bootstrap: str) -> None:
         self.settings = settings
         self.bootstrap = bootstrap
-        self.client = Client(bootstrap, topic_prefix=settings.topic_prefix,
+        self.client = Client(bootstrap, topic_prefix=settings.topic_prefix, security=settings.kafka,
                              reply_partition=settings.http.reply_partition)
-        self.registry = TenantRegistry(settings.tenants)
+        self.registry = TenantRegistry(settings.tenants, settings.tenant_defaults)
         self.follower: ControlFollower | None = None
+        self.keyring: Keyring | None = None
         self._last_recheck = 0.0
         self._token_text: Callable[[int], str] | None = None
         self._tokenizer_lock = asyncio.Lock()  # concurrent first callers wait for one load
         self._tokenizer_tried = False
         self.ready = False
+        self.warnings = config_warnings(settings)
+        for w in self.warnings:
+            log.warning("front door: %s", w)
         self.app = self._build_app()
 
     async def start(self) -> "FrontDoor":
+        # the key mask verifies our caller assertions with (and postprocess opens restore mappings with)
+        self.keyring = await asyncio.to_thread(keyring_for, self.settings)
         await self.client.start()
         topic = TopicNames(self.settings.topic_prefix)("control")
-        self.follower = await ControlFollower(self.bootstrap, topic, self.registry.apply).start()
+        self.follower = await ControlFollower(self.bootstrap, topic, self.registry.apply, self.settings.kafka).start()
         self.ready = True
         return self
 
@@ -179,7 +188,7 @@ class FrontDoor:
     async def _answer(self, request: Request, request_id: str):
         if not self.ready:
             raise HttpError(503, "not_ready", "the front door is starting or stopping")
-        key, caller = await self._caller(request.headers.get("authorization"))
+        _, caller = await self._caller(request.headers.get("authorization"))
         body = await self._body(request)
         try:
             parsed = chat_request(body)
@@ -192,7 +201,7 @@ class FrontDoor:
         ext = parsed.extension
         try:
             doc: RequestDoc = self.client.build(
-                body=parsed.body, request_id=request_id, timeout_s=timeout_s, api_key=key,
+                body=parsed.body, request_id=request_id, timeout_s=timeout_s,
                 tenant_id=caller.tenant if caller else None,
                 idempotency_key=request.headers.get("idempotency-key") or None,
                 traceparent=request.headers.get("traceparent") or None,
@@ -200,6 +209,9 @@ class FrontDoor:
                 device_id=ext.device_id if ext else None, device=ext.device if ext else None)
         except ValidationError as exc:
             raise HttpError(422, "invalid_request", describe_validation_error(exc)) from None
+        if caller is not None:  # the key stays here: the request carries the door's signed word instead
+            assert self.keyring is not None
+            doc = doc.model_copy(update={"caller_assertion": sign_assertion(doc, caller, self.keyring)})
         fut = await self.client.submit(doc)
         wait_s = max(0.0, (doc.deadline_ms or 0) / 1000 - time.time()) + GRACE_S
         try:
@@ -215,7 +227,10 @@ class FrontDoor:
 
         async def healthz() -> JSONResponse:
             ok = self.ready
-            return JSONResponse({"status": "ok" if ok else "starting"}, 200 if ok else 503)
+            body: dict[str, Any] = {"status": "ok" if ok else "starting", "auth_required": self.settings.auth.required}
+            if self.warnings:
+                body["warnings"] = self.warnings
+            return JSONResponse(body, 200 if ok else 503)
 
         async def metrics() -> HttpResponse:
             return HttpResponse(generate_latest(REGISTRY), media_type=CONTENT_TYPE_LATEST)
@@ -223,6 +238,19 @@ class FrontDoor:
         app.add_api_route("/healthz", healthz, methods=["GET"])
         app.add_api_route("/metrics", metrics, methods=["GET"])
         return app
+
+
+def config_warnings(settings: Settings) -> list[str]:
+    """Settings an operator must not miss: each weakens a default that protects the service."""
+    out = []
+    if not settings.auth.required:
+        out.append("auth.required is false: requests without an API key run as tenant `anonymous`")
+    for spec in settings.stages:
+        allow = ((spec.policy.get("rules") or {}).get("test_allow") or []) if spec.name == "media" else []
+        if allow:
+            out.append(f"media rules.test_allow exempts {len(allow)} endpoint(s) from the SSRF address rules "
+                       "(a test setting)")
+    return out
 
 
 async def _sse(chunks) -> AsyncIterator[bytes]:

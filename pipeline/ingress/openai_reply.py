@@ -21,7 +21,7 @@ STATUS_BY_CLASS: dict[str, int] = {
     "invalid_request": 422, "fetch_refused": 422, "unsupported_format": 422, "decode_error": 422,
     "blob_not_found": 422,
     "rate_limited": 429, "concurrency_limited": 429, "budget_exhausted": 429,
-    "processing_failed": 500, "unmask_failed": 500, "no_answer": 500,
+    "processing_failed": 500, "unmask_failed": 500, "no_answer": 500, "mask_failed": 500,
     "overloaded": 503, "engine_dead": 503, "no_compatible_deployment": 503, "original_lost": 503,
     "adapter_unavailable": 503,
     "deadline_exceeded": 504, "no_answer_in_time": 504,

@@ -17,19 +17,23 @@ from collections.abc import Callable
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 
 from pipeline.runtime.polling import guarded_getmany
+from pipeline.settings import KafkaSecurity, kafka_kwargs
 
 MARKER_KEY = b"~marker"
 
 
 class ChangelogReader:
-    def __init__(self, bootstrap: str, topic: str, marker: Callable[[str], bytes]) -> None:
+    def __init__(self, bootstrap: str, topic: str, marker: Callable[[str], bytes],
+                 security: KafkaSecurity | None = None) -> None:
         self.bootstrap = bootstrap
+        self.kafka = kafka_kwargs(security)
         self.topic = topic
         self.marker = marker  # marker id -> record value; the value must contain the id
         self.producer: AIOKafkaProducer | None = None
 
     async def start(self) -> "ChangelogReader":
-        self.producer = AIOKafkaProducer(bootstrap_servers=self.bootstrap, acks="all", enable_idempotence=False)
+        self.producer = AIOKafkaProducer(bootstrap_servers=self.bootstrap, acks="all", enable_idempotence=False,
+                                         **self.kafka)
         await self.producer.start()
         return self
 
@@ -51,7 +55,7 @@ class ChangelogReader:
             return out
         consumer = AIOKafkaConsumer(bootstrap_servers=self.bootstrap, enable_auto_commit=False,
                                     fetch_max_wait_ms=20, auto_offset_reset="earliest",
-                                    max_partition_fetch_bytes=8 << 20)
+                                    max_partition_fetch_bytes=8 << 20, **self.kafka)
         await consumer.start()
         try:
             await asyncio.sleep(0)  # aiokafka: a consumer stopped before its first tick raises CancelledError

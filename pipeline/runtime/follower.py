@@ -18,13 +18,16 @@ from pipeline.contracts import ControlRecord, Marker
 from pipeline.runtime.codec import decode, encode
 from pipeline.runtime.errors import DecodeError
 from pipeline.runtime.polling import FetchPacer, guarded_getmany
+from pipeline.settings import KafkaSecurity, kafka_kwargs
 
 log = logging.getLogger(__name__)
 
 
 class ControlFollower:
-    def __init__(self, bootstrap: str, topic: str, apply: Callable[[object], object]) -> None:
+    def __init__(self, bootstrap: str, topic: str, apply: Callable[[object], object],
+                 security: KafkaSecurity | None = None) -> None:
         self.bootstrap = bootstrap
+        self.kafka = kafka_kwargs(security)
         self.topic = topic
         self.apply = apply
         self.consumer: AIOKafkaConsumer | None = None
@@ -35,10 +38,11 @@ class ControlFollower:
         self.unreadable = 0
 
     async def start(self, timeout_s: float = 60.0) -> "ControlFollower":
-        self.producer = AIOKafkaProducer(bootstrap_servers=self.bootstrap, acks="all", enable_idempotence=False)
+        self.producer = AIOKafkaProducer(bootstrap_servers=self.bootstrap, acks="all", enable_idempotence=False,
+                                         **self.kafka)
         await self.producer.start()
         self.consumer = AIOKafkaConsumer(bootstrap_servers=self.bootstrap, enable_auto_commit=False,
-                                         fetch_max_wait_ms=20, auto_offset_reset="earliest")
+                                         fetch_max_wait_ms=20, auto_offset_reset="earliest", **self.kafka)
         await self.consumer.start()
         await asyncio.sleep(0)  # aiokafka: a consumer stopped before its first tick raises CancelledError
         parts = await self.producer.partitions_for(self.topic)

@@ -11,7 +11,7 @@ import asyncio
 from aiokafka import AIOKafkaProducer
 
 from pipeline.runtime.codec import Headers
-from pipeline.settings import Settings
+from pipeline.settings import Settings, kafka_kwargs
 
 
 def make_producer(settings: Settings, bootstrap: str) -> AIOKafkaProducer:
@@ -24,6 +24,7 @@ def make_producer(settings: Settings, bootstrap: str) -> AIOKafkaProducer:
         max_batch_size=p.max_batch_size,
         max_request_size=p.max_request_size,
         request_timeout_ms=p.request_timeout_ms,
+        **kafka_kwargs(settings.kafka),
     )
 
 

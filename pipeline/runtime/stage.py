@@ -133,7 +133,7 @@ class Stage:
             from pipeline.runtime.topics import TopicNames
 
             topic = TopicNames(self.ctx.topic_prefix)("control")
-            self.follower = await ControlFollower(self.ctx.bootstrap, topic, apply).start()
+            self.follower = await ControlFollower(self.ctx.bootstrap, topic, apply, self.ctx.settings.kafka).start()
 
     async def stop_following(self) -> None:
         if self.follower is not None:

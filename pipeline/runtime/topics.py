@@ -83,11 +83,12 @@ class ApplyResult:
 
 
 async def apply_topics(
-    bootstrap: str, prefix: str, registry: dict[str, TopicSpec] | None = None
+    bootstrap: str, prefix: str, registry: dict[str, TopicSpec] | None = None, client_kwargs: dict | None = None
 ) -> ApplyResult:
-    """Create every registry topic that is missing. Existing topics are left as they are."""
+    """Create every registry topic that is missing. Existing topics are left as they are.
+    `client_kwargs`: the brokers' security options (KafkaSecurity.client_kwargs())."""
     registry = registry if registry is not None else load_registry()
-    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap, request_timeout_ms=15000)
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap, request_timeout_ms=15000, **(client_kwargs or {}))
     await admin.start()
     try:
         present = set(await admin.list_topics())

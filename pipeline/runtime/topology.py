@@ -9,6 +9,7 @@ import os
 import sys
 
 from pipeline.contracts import RequestDoc
+from pipeline.contracts.request import ANONYMOUS_TENANT
 from pipeline.runtime.errors import TopologyError
 from pipeline.runtime.stage import Stage, StageContext
 from pipeline.runtime.topics import TopicSpec, load_registry
@@ -119,6 +120,8 @@ class Topology:
         rule = topic.key if topic else "request_id"
         for field in rule.split("|"):
             value = getattr(doc, field, None)
+            if field == "tenant_id" and not value:
+                value = ANONYMOUS_TENANT  # admit meters it under that name: its completions must meet it
             if value:
                 return str(value).encode()
         return doc.request_id.encode()

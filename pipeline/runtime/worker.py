@@ -36,7 +36,7 @@ from pipeline.runtime.metrics import StageMetrics
 from pipeline.runtime.offsets import OffsetTracker
 from pipeline.runtime.polling import FetchPacer, guarded_getmany
 from pipeline.runtime.outputs import make_producer
-from pipeline.settings import ConsumerSettings, RuntimeSettings, Settings
+from pipeline.settings import ConsumerSettings, RuntimeSettings, Settings, kafka_kwargs
 
 log = logging.getLogger(__name__)
 
@@ -118,6 +118,7 @@ class StageWorker:
             # range, not aiokafka's round-robin: partition p of every input topic goes to the same
             # member, so a stage's side inputs stay co-partitioned with its input (admit's completions)
             partition_assignment_strategy=(RangePartitionAssignor,),
+            **kafka_kwargs(self.settings.kafka),
         )
         self.consumer.subscribe(self.topics, listener=_Rebalance(self))
         await self.consumer.start()

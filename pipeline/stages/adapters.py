@@ -54,6 +54,8 @@ def incompatibility(spec: AdapterSpec, lora: LoraSettings, base_revision: str | 
     if base_revision and spec.base_revision and spec.base_revision != base_revision:
         return f"trained on base revision {spec.base_revision}, the deployment serves {base_revision}"
     if check_files:
+        if spec.path.expanduser().is_symlink() or any(p.is_symlink() for p in path.rglob("*")):
+            return "symlinks inside an adapter directory (they could point outside the allowed roots)"
         if not (path / "adapter_config.json").is_file():
             return "no adapter_config.json"
         if adapter_digest(path) != spec.sha256:
@@ -75,8 +77,8 @@ def verified_snapshot(spec: AdapterSpec, lora: LoraSettings, snapshots: Path,
     if (dest / "adapter_config.json").is_file() and adapter_digest(dest) == spec.sha256:
         return dest, None
     tmp = dest.with_name(f"{dest.name}.tmp-{uuid.uuid4().hex[:8]}")
-    shutil.copytree(spec.path.expanduser().resolve(), tmp)
-    if adapter_digest(tmp) != spec.sha256:  # changed between the check and the copy
+    shutil.copytree(spec.path.expanduser().resolve(), tmp, symlinks=True)  # a link stays a link: caught below
+    if any(p.is_symlink() for p in tmp.rglob("*")) or adapter_digest(tmp) != spec.sha256:  # changed since the check
         shutil.rmtree(tmp, ignore_errors=True)
         return None, "checksum mismatch"
     shutil.rmtree(dest, ignore_errors=True)  # a copy that no longer verifies

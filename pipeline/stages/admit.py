@@ -26,6 +26,7 @@ import asyncio
 import dataclasses
 import hashlib
 import heapq
+import logging
 import time
 from collections import defaultdict
 
@@ -34,7 +35,7 @@ from pydantic import BaseModel, Field
 
 from pipeline.contracts import AdmitRelease, AdmitStateRecord, Evidence, RequestDoc, Response, Status
 from pipeline.contracts.admit import Buckets, HoldRecord, IdempotencyRecord, ShareWindow, StateMarker, TenantTotals
-from pipeline.contracts.request import AdmissionSection
+from pipeline.contracts.request import ANONYMOUS_TENANT, AdmissionSection
 from pipeline.engines.chat_engine import chat_prompt_len
 from pipeline.engines.tokenizer import load_chat_tokenizer
 from pipeline.runtime.changelog import ChangelogReader
@@ -45,7 +46,10 @@ from pipeline.settings import Deployment
 from pipeline.stages.adapters import AdapterRegistry, adapter_refusal, refuse_adapter
 from pipeline.stages.admission import (Ask, Hold, Lane, Meter, TenantState, Verdict, Window, admit, decided_key,
                                        evaluate, forget_settled, now_ms, roll, settle)
+from pipeline.stages.restore_mapping import RestoreError, keyring_for, open_sealed, seal
 from pipeline.stages.tenants import RateLimits, TenantLimits, TenantRegistry
+
+log = logging.getLogger(__name__)
 
 STATE_TOPIC = "admit.state"
 
@@ -74,12 +78,19 @@ def split_share(limit: int | None, partitions: int, p: int) -> int | None:
     return limit // partitions + (1 if p < limit % partitions else 0)
 
 
-def key_digest(idempotency_key: str) -> str:
-    return hashlib.sha256(idempotency_key.encode()).hexdigest()[:32]
+def key_digest(idempotency_key: str, principal: str | None = None) -> str:
+    """A claim's identity: the key as the authenticated principal used it. Two principals of one
+    tenant who pick the same key never see each other's answer (claims are per tenant already)."""
+    return hashlib.sha256(f"{principal or ''}\x00{idempotency_key}".encode()).hexdigest()[:32]
 
 
 # An idempotency claim in memory is its changelog record (mutable: state, response and waiters change).
 Claim = IdempotencyRecord
+
+
+def _claim_ad(c: Claim) -> str:
+    """What a sealed result is bound to: it opens only as this tenant's claim of this key."""
+    return f"{c.tenant}/{c.key_digest}/{c.request_id}"
 
 
 def _buckets(w: Window) -> Buckets:
@@ -99,7 +110,8 @@ class AdmitStage(Stage):
 
     def __init__(self, ctx: StageContext) -> None:
         super().__init__(ctx)
-        self.registry = TenantRegistry(ctx.settings.tenants)
+        self.registry = TenantRegistry(ctx.settings.tenants, ctx.settings.tenant_defaults)
+        self.keyring = keyring_for(ctx.settings)  # seals idempotency results at rest
         self.adapters = AdapterRegistry(ctx.settings.adapters)
         self.deployments = {d.name: d for d in ctx.settings.deployments}
         self.states: dict[str, TenantState] = defaultdict(TenantState)
@@ -122,7 +134,8 @@ class AdmitStage(Stage):
         await self.follow_control(lambda r: self.registry.apply(r) or self.adapters.apply(r))
         if self.ctx.bootstrap:
             marker = lambda mid: encode(StateMarker(marker_id=mid))  # noqa: E731
-            self.reader = await ChangelogReader(self.ctx.bootstrap, self.names(STATE_TOPIC), marker).start()
+            self.reader = await ChangelogReader(self.ctx.bootstrap, self.names(STATE_TOPIC), marker,
+                                                self.ctx.settings.kafka).start()
             self.partitions = await self.reader.partitions(self.names.stage_input(self.name))
 
     async def stop(self) -> None:
@@ -161,7 +174,10 @@ class AdmitStage(Stage):
             share=self._share(tenant, h.deployment) if with_totals else None))
 
     def _claim(self, c: Claim, gone: bool = False) -> SideRecord:
-        value = None if gone else c.model_copy(update={"waiters": list(c.waiters)})  # as of now
+        value = None
+        if not gone:  # as of now; the result is an un-masked answer: it rests on the topic sealed
+            sealed = seal(c.response.model_dump(mode="json"), _claim_ad(c), self.keyring) if c.response else None
+            value = c.model_copy(update={"waiters": list(c.waiters), "response": None, "response_sealed": sealed})
         return self._rec(c.tenant, f"i/{c.tenant}/{c.key_digest}", value)
 
     def _changed(self, tenant: str, holds: list[Hold], settled: bool) -> list[SideRecord]:
@@ -205,6 +221,13 @@ class AdmitStage(Stage):
             if rec.share is not None:
                 self._shares(p).setdefault(rec.share.deployment, Meter()).window = _window(rec.share.window)
         elif isinstance(rec, IdempotencyRecord):
+            if rec.response_sealed is not None:
+                try:
+                    rec.response = Response.model_validate(open_sealed(rec.response_sealed, _claim_ad(rec), self.keyring))
+                except RestoreError:  # another stack's key: the claim is gone, the key runs afresh
+                    log.warning("admit: an idempotency result does not open with this stack's keys; dropped")
+                    return
+                rec.response_sealed = None
             self._remember(rec)
 
     def _count_in_flight(self, tenant: str, h: Hold) -> None:
@@ -217,10 +240,7 @@ class AdmitStage(Stage):
                 share.in_flight.add(h.request_id)
 
     def _log_restore(self, partitions: list[int], records: int, seconds: float) -> None:
-        import logging
-
-        logging.getLogger(__name__).info("admit restored partitions %s: %d state records in %.2fs",
-                                         partitions, records, seconds)
+        log.info("admit restored partitions %s: %d state records in %.2fs", partitions, records, seconds)
 
     async def on_revoked(self, partitions: list[int]) -> None:
         self._forget(partitions)
@@ -282,7 +302,7 @@ class AdmitStage(Stage):
     def _idempotency(self, doc: RequestDoc, tenant: str, now: int) -> Outcome | Claim:
         """Claim the request's key, or decide for a duplicate: the original's result, park, or in_progress."""
         assert doc.idempotency_key is not None
-        digest = key_digest(doc.idempotency_key)
+        digest = key_digest(doc.idempotency_key, doc.principal)
         c = self.claims[tenant].get(digest)
         if c is not None and c.state == "done" and c.expires_ms <= now:
             c = None  # past the window: a new execution
@@ -309,7 +329,7 @@ class AdmitStage(Stage):
 
     def _window_ms(self, tenant: str) -> int:
         limits = self.registry.limits_for(tenant)
-        return (limits.idempotency_window_s if limits else TenantLimits().idempotency_window_s) * 1000
+        return limits.idempotency_window_s * 1000
 
     # ---- completions ---------------------------------------------------------------------------
 
@@ -385,7 +405,9 @@ class AdmitStage(Stage):
         return lanes
 
     async def process(self, doc: RequestDoc) -> Outcome:
-        tenant = doc.tenant_id or ""
+        if doc.tenant_id is None:  # published past mask: metered as `anonymous`, and answered as it
+            doc = doc.model_copy(update={"tenant_id": ANONYMOUS_TENANT})  # so its release comes back here
+        tenant = doc.tenant_id or ANONYMOUS_TENANT
         side: list[SideRecord] = self._expire_claims(now_ms())
         refused = refuse_adapter(doc, self.adapters)
         if refused is not None:  # it never runs: nothing is held or claimed
@@ -403,8 +425,6 @@ class AdmitStage(Stage):
         limits = self.registry.limits_for(tenant)
         order = self._order(doc)
         a = self.ask_for(doc, order)
-        if limits is None:  # a tenant nobody configured: admitted, and the evidence says it ran unmetered
-            return self._admitted(doc, a, None, order, None, side, waited_ms=0, metered=False)
         t0 = time.monotonic()
         shares = self._shares(self.partition_of(tenant))
         others: list[Outcome] = []

@@ -42,7 +42,9 @@ class CacheStage(Stage):
         spec = index_spec(self.ctx)
         if spec.startswith("edge:"):
             Path(spec[5:]).mkdir(parents=True, exist_ok=True)
-        index = await asyncio.to_thread(open_index, spec, embedder.dim, KEYWORD_FIELDS, NUMERIC_FIELDS)
+        key = self.ctx.settings.qdrant_api_key
+        index = await asyncio.to_thread(open_index, spec, embedder.dim, KEYWORD_FIELDS, NUMERIC_FIELDS,
+                                        key.get_secret_value() if key else None)
         analyzer = await asyncio.to_thread(shared_analyzer)  # Kiwi + spaCy + wordfreq: 3-9 s
         await asyncio.to_thread(analyzer.analyze, "warm up 준비")
         self.cache = SemanticCache(index, embedder, self.policy, analyzer)

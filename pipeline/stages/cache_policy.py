@@ -134,10 +134,26 @@ def prompt_revision(doc: RequestDoc, policy: CachePolicy) -> str:
     return f"{policy.prompt_revision}+sys:{hashlib.sha256(system.encode()).hexdigest()[:16]}"
 
 
+def acl_scope(doc: RequestDoc) -> str | None:
+    """The scope an entry is shared in, from who the caller *is* (principal and roles, set by mask
+    from the API key), never from what it claims: `context.acl_scope` only picks among the scopes the
+    caller holds. `user` or `user:<anyone>` is the caller's own principal; `role:<r>` and
+    `group:<r>` need r among the caller's roles. None: a scope the caller does not hold."""
+    declared = doc.context.acl_scope.strip()
+    kind, _, name = declared.partition(":")
+    if kind == "tenant" and not name:
+        return "tenant"
+    if kind == "user":
+        return f"user:{doc.principal}" if doc.principal else None
+    if kind in ("role", "group") and name and name in doc.roles:
+        return f"role:{name}"
+    return None
+
+
 def boundary_for(doc: RequestDoc, policy: CachePolicy, domain: str, embedding_revision: str) -> Boundary:
     return Boundary(
         tenant=doc.tenant_id or "",
-        acl_scope=doc.context.acl_scope,
+        acl_scope=acl_scope(doc) or "",
         model_revision=policy.model_revision(doc.body.model),
         prompt_revision=prompt_revision(doc, policy),
         data_version=doc.context.data_version or "",
@@ -155,6 +171,8 @@ def bypass_reason(doc: RequestDoc, policy: CachePolicy, domain: str) -> str | No
     ctx = doc.context
     if doc.rollout is not None:
         return "rollout"  # RL wants fresh samples from the actor, never a stored answer
+    if acl_scope(doc) is None:
+        return "acl_scope_not_held"  # neither read nor write another principal's or role's entries
     if ctx.personalised:
         return "personalised"
     if ctx.tool_side_effects:

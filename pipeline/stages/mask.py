@@ -14,9 +14,11 @@ from typing import Any
 from pydantic import Field
 
 from pipeline.contracts import RequestDoc, Response, Status
-from pipeline.contracts.request import ChatMessage, MaskingSection
+from pipeline.contracts.request import ANONYMOUS_TENANT, ChatMessage, MaskingSection
 from pipeline.runtime.stage import Outcome, StageContext, ThreadedStage
-from pipeline.stages.masker import Masker, MaskPolicy, MaskResult
+from pipeline.stages.caller_assertion import AssertionRefused
+from pipeline.stages.caller_assertion import verify as verify_assertion
+from pipeline.stages.masker import MaskFailed, Masker, MaskPolicy, MaskResult
 from pipeline.stages.restore_mapping import Keyring, keyring_for, seal
 from pipeline.stages.tenants import TenantLimits, TenantRegistry
 
@@ -47,15 +49,33 @@ def mask_document(doc: RequestDoc, masker: Masker, keyring: Keyring) -> tuple[Re
     return doc.model_copy(update={"body": body, "masking": section}), result
 
 
-def authenticate(doc: RequestDoc, registry: TenantRegistry, required: bool) -> tuple[RequestDoc, str | None, str]:
+def authenticate(doc: RequestDoc, registry: TenantRegistry, required: bool,
+                 keyring: Keyring | None = None) -> tuple[RequestDoc, str | None, str]:
     """(doc with the key stripped and the caller filled in, rejection class or None, reason).
-    The key never travels past this stage; only its key id reaches evidence."""
+    The key never travels past this stage; only its key id reaches evidence. A front door's
+    caller assertion stands for a key it verified (pipeline.stages.caller_assertion)."""
+    if doc.caller_assertion is not None and doc.api_key is None:
+        stripped = doc.model_copy(update={"caller_assertion": None})
+        if keyring is None:
+            return stripped, "unauthenticated", "caller assertions are not accepted here"
+        try:
+            vouched = verify_assertion(doc.caller_assertion, doc, keyring)
+        except AssertionRefused as exc:
+            return stripped, "unauthenticated", str(exc)
+        caller = registry.by_key_id(vouched.key_id)
+        if caller is None or caller.tenant != vouched.tenant:
+            return stripped, "unauthenticated", "revoked_key"
+        return stripped.model_copy(update={"tenant_id": caller.tenant, "principal": caller.principal,
+                                           "roles": list(caller.roles), "key_id": caller.key_id}), \
+            None, f"key {caller.key_id} (asserted by the front door)"
     if doc.api_key is None:
         if required:
             return doc, "unauthenticated", "an API key is required"
+        if doc.tenant_id is None:  # auth is off: still a tenant, metered and scoped like any other
+            return doc.model_copy(update={"tenant_id": ANONYMOUS_TENANT}), None, "no key: anonymous"
         return doc, None, "no key: trusted producer"
     caller = registry.authenticate(doc.api_key)
-    stripped = doc.model_copy(update={"api_key": None})
+    stripped = doc.model_copy(update={"api_key": None, "caller_assertion": None})
     if caller is None:
         return stripped, "unauthenticated", registry.why_refused(doc.api_key)
     if doc.tenant_id is not None and doc.tenant_id != caller.tenant:
@@ -65,8 +85,8 @@ def authenticate(doc: RequestDoc, registry: TenantRegistry, required: bool) -> t
     return authed, None, f"key {caller.key_id}"
 
 
-def size_refusal(doc: RequestDoc, limits: TenantLimits | None) -> str | None:
-    limit = limits.max_prompt_chars if limits is not None else TenantLimits().max_prompt_chars
+def size_refusal(doc: RequestDoc, limits: TenantLimits) -> str | None:
+    limit = limits.max_prompt_chars
     n = sum(len(m.content) for m in doc.body.messages)
     return f"prompt of {n} characters > {limit}" if n > limit else None
 
@@ -80,7 +100,7 @@ class MaskStage(ThreadedStage):
         super().__init__(ctx)
         self.keyring = keyring_for(ctx.settings)
         self._maskers: dict[str, Masker] = {}
-        self.registry = TenantRegistry(ctx.settings.tenants)
+        self.registry = TenantRegistry(ctx.settings.tenants, ctx.settings.tenant_defaults)
 
     def masker_for(self, tenant: str | None) -> Masker:
         key = tenant if tenant in self.policy.tenants else ""
@@ -99,7 +119,7 @@ class MaskStage(ThreadedStage):
         return Outcome.answer(doc, resp, self.evidence(doc, "rejected", f"{error_class}: {evidence_reason}"))
 
     def decide(self, doc: RequestDoc) -> Outcome:
-        doc, refused, why = authenticate(doc, self.registry, self.ctx.settings.auth.required)
+        doc, refused, why = authenticate(doc, self.registry, self.ctx.settings.auth.required, self.keyring)
         if refused is not None:  # the caller does not learn whether a key is unknown or revoked
             told = "unknown or revoked API key" if why in ("unknown_key", "revoked_key") else why
             return self.reject(doc, refused, told, why)
@@ -107,7 +127,13 @@ class MaskStage(ThreadedStage):
         if too_big is not None:
             return self.reject(doc, "too_large", too_big, too_big)
         masker = self.masker_for(doc.tenant_id)
-        masked, result = mask_document(doc, masker, self.keyring)
+        try:
+            masked, result = mask_document(doc, masker, self.keyring)
+        except MaskFailed as exc:  # fail closed: answered now, never forwarded unmasked nor retried
+            resp = Response(request_id=doc.request_id, status=Status.error, error_class=exc.error_class,
+                            reason=f"PII masking could not complete ({exc}); the request was not processed",
+                            answered_by=self.name)
+            return Outcome.answer(doc, resp, self.evidence(doc, "error", exc.error_class))
         assert masked.masking is not None
         ev = self.evidence(masked, masked.masking.decision, "entities_found" if result.total else "no_entities",
                            scores={f"entities.{k}": float(v) for k, v in sorted(result.counts.items())},

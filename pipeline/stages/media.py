@@ -13,6 +13,7 @@ import asyncio
 import base64
 import binascii
 import hashlib
+import logging
 import re
 
 import numpy as np
@@ -25,6 +26,8 @@ from pipeline.stages.media_decode import DecodeError, ProcessorConfig, decode
 from pipeline.stages.media_fetch import FetchError, FetchLimits, fetch_image, sniff
 from pipeline.stages.media_guard import FetchRules
 from pipeline.stores.blob_store import SCHEME, BlobError, LocalBlobStore, tenant_key
+
+log = logging.getLogger(__name__)
 
 _DATA_URL = re.compile(r"^data:([a-z0-9.+-]+/[a-z0-9.+-]+)?(;[a-z0-9=-]+)*;base64,", re.IGNORECASE)  # the bytes decide
 # the caller's input was bad (rejected) vs. the fetch failed (error: trying again may work)
@@ -58,6 +61,11 @@ class MediaStage(Stage):
     def __init__(self, ctx: StageContext) -> None:
         super().__init__(ctx)
         self.blobs = LocalBlobStore(ctx.settings.resolved_data_dir() / "blobs")
+
+    async def start(self) -> None:
+        if self.policy.rules.test_allow:  # an SSRF exemption must never go unnoticed
+            log.warning("media: rules.test_allow exempts %d endpoint(s) from the address rules: "
+                        "a test setting, never for production", len(self.policy.rules.test_allow))
 
     async def process_batch(self, docs: list[RequestDoc]) -> list[Outcome | BaseException]:
         # fetches wait on the network: the batch's requests run side by side

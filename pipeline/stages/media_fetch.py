@@ -126,7 +126,10 @@ async def _fetch(url: str, rules: FetchRules, limits: FetchLimits, tenant: str |
                     location = resp.headers.get("location")
                     if not location:
                         raise FetchError("fetch_failed", f"redirect {resp.status_code} without a Location")
-                    current = urljoin(current, location)
+                    nxt = urljoin(current, location)
+                    if t.scheme == "https" and nxt.lower().startswith("http:"):
+                        raise FetchError("fetch_refused", "a redirect from https to plain http")
+                    current = nxt
                     continue
                 if resp.status_code != 200:
                     raise FetchError("fetch_failed", f"{t.host} answered HTTP {resp.status_code}")

@@ -152,7 +152,11 @@ def vet_address(ip_text: str, target: Target, rules: FetchRules) -> Refusal | No
     if f"{ip}:{target.port}" in rules.test_allow or f"{target.host}:{target.port}" in rules.test_allow:
         return None
     why = why_not_public(ip)
-    return _refuse(f"{target.host} resolves to {ip}, which is {why}") if why else None
+    if why is None:
+        return None
+    # the caller learns the kind of address, never the address: a DNS oracle for private names otherwise
+    kind = "an IPv6 form of a non-public IPv4 address" if why.startswith("an IPv6 form") else why
+    return _refuse(f"{target.host} resolves to an address that is not public: {kind}")
 
 
 def family_of(ip_text: str) -> int:

@@ -5,7 +5,6 @@ applies), and answers the caller; the runtime writes the finished-request row fr
 
 from __future__ import annotations
 
-from typing import Any
 
 from pydantic import BaseModel, Field
 

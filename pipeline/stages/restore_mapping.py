@@ -48,12 +48,21 @@ class Keyring:
     @classmethod
     def local(cls, directory: Path) -> "Keyring":
         """The embedded default: one key generated into DATA_DIR/secrets on first use (mode 0600)."""
-        directory.mkdir(parents=True, exist_ok=True)
+        directory.mkdir(mode=0o700, parents=True, exist_ok=True)
         path = directory / "mask-local.key"
         if not path.exists():
-            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+            # workers, the door and admit start together: write a private file whole, then link it
+            # into place; whoever links second reads the first one's key (never a half-written file)
+            tmp = directory / f".mask-local.key.{os.getpid()}.{secrets.token_hex(4)}"
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
             with os.fdopen(fd, "wb") as f:
                 f.write(base64.b64encode(secrets.token_bytes(32)))
+            try:
+                os.link(tmp, path)
+            except FileExistsError:
+                pass
+            finally:
+                tmp.unlink()
         return cls({"local": base64.b64decode(path.read_bytes())}, "local")
 
 
@@ -73,7 +82,10 @@ def open_sealed(token: str, request_id: str, keyring: Keyring) -> dict[str, str]
     key = keyring.keys.get(kid)
     if key is None:
         raise RestoreError(f"restore token sealed with unknown key {kid!r}")
-    raw = base64.urlsafe_b64decode(body)
+    try:
+        raw = base64.urlsafe_b64decode(body)
+    except (ValueError, TypeError):  # binascii.Error is a ValueError
+        raise RestoreError("malformed restore token") from None
     try:
         plain = AESGCM(key).decrypt(raw[:12], raw[12:], request_id.encode())
     except InvalidTag:

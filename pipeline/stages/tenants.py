@@ -48,9 +48,15 @@ class ApiKeySpec(BaseModel):
     revoked: bool = False
 
 
+def default_tenant_limits() -> TenantLimits:
+    """What a tenant gets when nobody configured its limits (an unknown or anonymous caller): never
+    none. Generous for one team's traffic, small enough that one caller cannot take a deployment."""
+    return TenantLimits(rpm=3000, tpm=3_000_000, concurrency=64, daily_budget_usd=100.0)
+
+
 class TenantSpec(BaseModel):
     name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
-    limits: TenantLimits = Field(default_factory=TenantLimits)
+    limits: TenantLimits | None = Field(None, description="None: the stack's tenant_defaults")
     api_keys: list[ApiKeySpec] = Field(default_factory=list)
 
 
@@ -79,11 +85,12 @@ class TenantRegistry:
     """Tenants and hashed keys. `apply` takes control records (from a follower thread); lookups
     replace whole entries, never mutate them, so readers on other threads see old or new."""
 
-    def __init__(self, specs: list[TenantSpec] | None = None) -> None:
+    def __init__(self, specs: list[TenantSpec] | None = None, defaults: TenantLimits | None = None) -> None:
+        self.defaults = defaults or default_tenant_limits()
         self.limits: dict[str, TenantLimits] = {}
         self.keys: dict[str, tuple[str, ApiKeySpec]] = {}  # sha256 -> (tenant, key)
         for spec in specs or []:
-            self.limits[spec.name] = spec.limits
+            self.limits[spec.name] = spec.limits or self.defaults
             for k in spec.api_keys:
                 self.keys[k.key_sha256] = (spec.name, k)
 
@@ -91,7 +98,7 @@ class TenantRegistry:
         from pipeline.contracts.control import ApiKeyIssued, ApiKeyRevoked, TenantUpsert
 
         if isinstance(record, TenantUpsert):
-            base = self.limits.get(record.tenant, TenantLimits())
+            base = self.limits.get(record.tenant, self.defaults)
             try:
                 self.limits[record.tenant] = TenantLimits.model_validate({**base.model_dump(), **record.limits})
             except ValueError:
@@ -119,9 +126,18 @@ class TenantRegistry:
         tenant, k = entry
         return Caller(tenant=tenant, principal=k.principal, roles=tuple(k.roles), key_id=key_id(digest))
 
+    def by_key_id(self, kid: str) -> Caller | None:
+        """The caller behind a key id, as the registry knows it now (None: unknown or revoked)."""
+        for digest, (tenant, k) in list(self.keys.items()):
+            if key_id(digest) == kid and not k.revoked:
+                return Caller(tenant=tenant, principal=k.principal, roles=tuple(k.roles), key_id=kid)
+        return None
+
     def why_refused(self, api_key: str) -> str:
         entry = self.keys.get(key_hash(api_key))
         return "unknown_key" if entry is None else ("revoked_key" if entry[1].revoked else "ok")
 
-    def limits_for(self, tenant: str | None) -> TenantLimits | None:
-        return self.limits.get(tenant or "")
+    def limits_for(self, tenant: str | None) -> TenantLimits:
+        """A configured tenant's limits, else the defaults: an unknown or anonymous tenant is
+        metered like any other."""
+        return self.limits.get(tenant or "", self.defaults)

@@ -340,7 +340,7 @@ class QdrantClientIndex:
 
     def __init__(self, dim: int, *, collection: str = "llmpipe_cache", url: str | None = None,
                  path: str | None = None, location: str | None = None, keyword_fields: Sequence[str] = (),
-                 numeric_fields: Sequence[str] = ()) -> None:
+                 numeric_fields: Sequence[str] = (), api_key: str | None = None) -> None:
         from qdrant_client import QdrantClient, models
 
         self._m = models
@@ -353,7 +353,7 @@ class QdrantClientIndex:
         self._lock = threading.RLock()
         self.local = path is not None or location == ":memory:"
         if url is not None:
-            self._client = QdrantClient(url=url, check_compatibility=False)
+            self._client = QdrantClient(url=url, api_key=api_key, check_compatibility=False)
         elif path is not None:
             Path(path).mkdir(parents=True, exist_ok=True)
             # our lock serialises calls, so sqlite may be used from the cache stage's threads
@@ -496,12 +496,14 @@ def parse_spec(spec: str) -> tuple[str, str | None]:
 
 
 def open_index(spec: str, dim: int, keyword_fields: Sequence[str] = (),
-               numeric_fields: Sequence[str] = ()) -> VectorIndex:
+               numeric_fields: Sequence[str] = (), api_key: str | None = None) -> VectorIndex:
+    """`api_key`: a Qdrant server's key (qdrant: specs only)."""
     kind, arg = parse_spec(spec)
     if kind == "edge":
         return EdgeIndex(Path(arg), dim, keyword_fields=keyword_fields, numeric_fields=numeric_fields)
     if kind == "qdrant":
-        return QdrantClientIndex(dim, url=arg, keyword_fields=keyword_fields, numeric_fields=numeric_fields)
+        return QdrantClientIndex(dim, url=arg, keyword_fields=keyword_fields, numeric_fields=numeric_fields,
+                                 api_key=api_key)
     if kind == "qdrant-local":
         return QdrantClientIndex(dim, path=arg, keyword_fields=keyword_fields, numeric_fields=numeric_fields)
     return QdrantClientIndex(dim, location=":memory:", keyword_fields=keyword_fields,

@@ -17,8 +17,11 @@ import clickhouse_connect
 from clickhouse_connect.driver.client import Client
 
 from pipeline.resources import clickhouse_migrations_dir
+from pipeline.settings import Settings
 
 _MIGRATION = re.compile(r"^(\d{3})_[a-z0-9_]+\.sql$")
+# per-query settings of analysts' SQL (readonly=2 would still allow file() and url(): measured, chDB 26)
+READONLY_SETTINGS: dict[str, Any] = {"readonly": 1}
 
 
 class WarehouseError(RuntimeError):
@@ -31,7 +34,8 @@ class QueryResult:
     rows: list[tuple[Any, ...]]
 
 
-def connect(dsn: str) -> Client:
+def connect(dsn: str, username: str | None = None, password: str | None = None) -> Client:
+    """A client for the DSN; a server's credentials come apart from it (a DSN is printed and logged)."""
     parsed = urlparse(dsn)
     if parsed.scheme == "chdb":
         path = Path(parsed.path)
@@ -40,8 +44,16 @@ def connect(dsn: str) -> Client:
         path.mkdir(parents=True, exist_ok=True)
         return clickhouse_connect.get_client(dsn=f"chdb://{path}")
     if parsed.scheme in ("http", "https"):
-        return clickhouse_connect.get_client(dsn=dsn)
+        creds = {k: v for k, v in (("username", username), ("password", password)) if v is not None}
+        return clickhouse_connect.get_client(dsn=dsn, **creds)
     raise WarehouseError(f"unsupported warehouse DSN {dsn!r} (use chdb:///abs/dir or http(s)://host:port)")
+
+
+def open_warehouse(settings: Settings) -> Warehouse:
+    """The configured warehouse, with the server credentials settings hold (none for chDB)."""
+    pw = settings.warehouse_password
+    return Warehouse(settings.resolved_warehouse_dsn(), settings.warehouse_user,
+                     pw.get_secret_value() if pw is not None else None)
 
 
 def is_embedded(dsn: str) -> bool:
@@ -64,9 +76,11 @@ def migrations(directory: Path | None = None) -> list[tuple[int, str, str]]:
 class Warehouse:
     """A thread-safe handle: chDB serialises its queries; a server client is reused per thread."""
 
-    def __init__(self, dsn: str) -> None:
+    def __init__(self, dsn: str, username: str | None = None, password: str | None = None) -> None:
         self.dsn = dsn
-        self.client = connect(dsn)
+        self._creds = (username, password)
+        self.client = connect(dsn, *self._creds)
+        self._analyst: Client | None = None  # query_readonly's own client, opened on first use
         self._lock = threading.Lock()
 
     def migrate(self) -> list[str]:
@@ -94,10 +108,36 @@ class Warehouse:
                 self.client.insert(table, rows, column_names=columns)
 
     def query(self, sql: str, parameters: dict[str, Any] | None = None) -> QueryResult:
+        """The pipeline's own queries (trusted SQL). Analysts' SQL goes through `query_readonly`."""
         with self._lock:
             r = self.client.query(sql, parameters=parameters or {})
         return QueryResult(columns=list(r.column_names), rows=[tuple(row) for row in r.result_rows])
 
+    def query_readonly(self, sql: str, parameters: dict[str, Any] | None = None) -> QueryResult:
+        """Untrusted (analysts') SQL: ClickHouse itself enforces `readonly=1` on it.
+
+        readonly=1 refuses writes, DDL, setting changes (`SETTINGS readonly=0` in the query too) and
+        the table functions file, url, remote, executable. It does NOT stop the scalar `file()` nor
+        `INTO OUTFILE` in chDB (clickhouse-local mode), nor reads of system.*: those are refused by
+        sql_gateway.check_read_only in front of this (measured, chDB 26.9).
+
+        The query runs on its own client, never the one the sink inserts through: clickhouse-connect's
+        chDB backend applies per-call settings of an INSERT-looking query with SET and cannot restore
+        readonly afterwards, which would leave that session read-only. The analyst client is set
+        readonly=1 for good (chDB), and every query also carries readonly=1 (a server gets it per
+        HTTP request).
+        """
+        with self._lock:
+            if self._analyst is None:
+                client = connect(self.dsn, *self._creds)
+                if is_embedded(self.dsn):
+                    client.command("SET readonly = 1")
+                self._analyst = client
+            r = self._analyst.query(sql, parameters=parameters or {}, settings=READONLY_SETTINGS)
+        return QueryResult(columns=list(r.column_names), rows=[tuple(row) for row in r.result_rows])
+
     def close(self) -> None:
         with self._lock:
+            if self._analyst is not None:
+                self._analyst.close()
             self.client.close()

@@ -47,7 +47,7 @@ async def test_kill9_of_admit_leaks_no_slot_and_counts_no_budget_twice(broker, p
     second: Proc | None = None
     try:
         async with Client(broker.bootstrap, topic_prefix=prefix) as client:
-            warm = client.build(body=body(), tenant_id="warmup", timeout_s=120)  # an unconfigured tenant: unmetered
+            warm = client.build(body=body(), tenant_id="warmup", timeout_s=120)  # an unconfigured tenant: tenant_defaults
             await client.wait(warm.request_id, (await client.submit_many([warm]))[0], 120)
             docs, futs = [], []
             for i in range(80):  # 40/s; the worker dies after 24, while holds are in flight

@@ -40,6 +40,11 @@ log = logging.getLogger(__name__)
 STACK_FILE = "stack.json"
 
 
+# Ten processes (model preparation, vLLM, three embedders, Presidio, chDB) start together on the
+# 2-core reference host: the HTTP-door topology measured 165-200 s to ready, so 180 s was a coin flip.
+READY_TIMEOUT_S = 300.0
+
+
 class StackError(RuntimeError):
     pass
 
@@ -214,7 +219,7 @@ async def run_stack(settings: Settings, processes: bool = False,
             children = _ChildWorkers(settings, stages, bootstrap, admin_port)
             children.start()
             await _wait_http(f"http://127.0.0.1:{admin_port}/health", 120)
-            await children.wait_ready(180)
+            await children.wait_ready(READY_TIMEOUT_S)
             pids.update({f"worker:{s}": p.pid for s, p in children.procs.items()})
             supervise = asyncio.create_task(children.supervise(stop))
             http = await HttpServer(FrontDoor(settings, bootstrap), settings.http.host, settings.http.port).start()
@@ -287,7 +292,7 @@ async def _run_workers(workers, stop: asyncio.Event, ready: asyncio.Event, befor
                 await w.stop()
 
 
-def start_detached(argv: list[str], data_dir: Path, timeout_s: float = 180.0) -> StackInfo:
+def start_detached(argv: list[str], data_dir: Path, timeout_s: float = READY_TIMEOUT_S + 60) -> StackInfo:
     """Run `llmpipe up` (argv without --detach) in the background; return once stack.json is written."""
     logs = data_dir / "logs"
     logs.mkdir(parents=True, exist_ok=True)

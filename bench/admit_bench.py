@@ -41,6 +41,7 @@ from rich.table import Table  # noqa: E402
 
 from bench._common import CpuWindow, pct, print_result  # noqa: E402
 from bench.runtime_bench import WorkerProc, create_topics, fmt, paced, run_worker_until  # noqa: E402
+from pipeline.config.settings import Settings  # noqa: E402
 from pipeline.contracts import AdmitRelease, ReplyTo, RequestDoc  # noqa: E402
 from pipeline.contracts.base import now_ms  # noqa: E402
 from pipeline.contracts.request import ChatBody, ChatMessage  # noqa: E402
@@ -51,7 +52,6 @@ from pipeline.runtime.codec import encode, request_headers  # noqa: E402
 from pipeline.runtime.launch import stage_worker  # noqa: E402
 from pipeline.runtime.topics import TopicNames  # noqa: E402
 from pipeline.runtime.topology import Topology  # noqa: E402
-from pipeline.settings import Settings  # noqa: E402
 
 DECISIONS_TARGET = 5_000.0
 P99_TARGET_MS = 10.0

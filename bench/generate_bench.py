@@ -93,10 +93,10 @@ def summary(tokens: list[int], ttft: list[float], e2e: list[float], wall_s: floa
 
 
 async def engine_mode(data_dir: Path, prompts: list[str], warmup: list[str], max_tokens: int) -> dict[str, Any]:
-    from pipeline.engines.model_prep import prepare
+    from pipeline.config.settings import load_settings
     from pipeline.engines.chat_engine import Sampling
+    from pipeline.engines.model_prep import prepare
     from pipeline.engines.vllm_engine import VllmEngine
-    from pipeline.settings import load_settings
 
     es = load_settings().engine  # the engine settings the stack's generate stage uses
     t0 = time.perf_counter()

@@ -152,13 +152,14 @@ async def burst(engine, long_ad, short_ad, gate, n_long: int, n_short: int) -> d
 
 
 async def main_async(n: int, clients: int, max_tokens: int, tmp: Path) -> dict[str, Any]:
+    from pipeline.config.lora import LoraSettings
+    from pipeline.config.settings import load_settings
     from pipeline.contracts.adapter import AdapterSpec
     from pipeline.engines.chat_engine import Sampling
     from pipeline.engines.lora_factory import make_adapter
     from pipeline.engines.model_prep import prepare
     from pipeline.engines.vllm_engine import VllmEngine
-    from pipeline.settings import load_settings
-    from pipeline.stages.adapters import LoraSettings, adapter_digest
+    from pipeline.registries.adapters import adapter_digest
 
     es = load_settings().engine  # the engine settings the stack's generate stage uses
     info = await asyncio.to_thread(prepare, DATA_DIR, es.dtype)
@@ -213,8 +214,8 @@ async def main_async(n: int, clients: int, max_tokens: int, tmp: Path) -> dict[s
             log.print(f"phase: {name}")
             phases[name] = await closed_loop(e, prompts, specs[:k], clients, max_tokens)
         # fairness: a burst on one adapter vs another adapter's short requests, FIFO vs the fair gate
-        from pipeline.stages.fair_gate import FairGate
-        from pipeline.stages.generate import GeneratePolicy
+        from pipeline.stages.generate.fair_gate import FairGate
+        from pipeline.stages.generate.stage import GeneratePolicy
 
         gp = GeneratePolicy()  # generate's defaults for a LoRA deployment
 

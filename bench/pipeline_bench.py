@@ -58,7 +58,7 @@ def cli(*args: str, data_dir: Path, timeout: float, env: dict[str, str] | None =
 
 
 def stack_config(keys: dict[str, str]) -> dict[str, Any]:
-    from pipeline.stages.tenants import key_hash
+    from pipeline.registries.tenants import key_hash
 
     limits = {"open": {}, "limited": {"concurrency": 8, "max_queue": 0}}
     return {"tenants": [{"name": t, "limits": limits[t], "api_keys": [{"key_sha256": key_hash(k)}]}
@@ -153,7 +153,7 @@ def overhead_row(rate: float, docs, answers, offered_s: float, wall_s: float) ->
 
 async def main_async(quick: bool, stack_env: dict[str, str]) -> dict[str, Any]:
     from pipeline.ingress.client import Client
-    from pipeline.stages.tenants import new_api_key
+    from pipeline.registries.tenants import new_api_key
 
     window = 8.0 if quick else 20.0
     overload_s = 10.0 if quick else 20.0

@@ -26,9 +26,9 @@ import sys
 import tempfile
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from collections.abc import Callable
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -42,6 +42,7 @@ from rich.console import Console  # noqa: E402
 from rich.table import Table  # noqa: E402
 
 from bench._common import CpuWindow, pct, print_result  # noqa: E402
+from pipeline.config.settings import Settings, StageSpec, worker_config_yaml  # noqa: E402
 from pipeline.contracts import ReplyTo, RequestDoc  # noqa: E402
 from pipeline.contracts.base import now_ms  # noqa: E402
 from pipeline.contracts.request import ChatBody, ChatMessage  # noqa: E402
@@ -52,7 +53,6 @@ from pipeline.runtime.launch import stage_worker  # noqa: E402
 from pipeline.runtime.topics import TopicNames, apply_topics  # noqa: E402
 from pipeline.runtime.topology import Topology  # noqa: E402
 from pipeline.runtime.worker import StageWorker  # noqa: E402
-from pipeline.settings import Settings, StageSpec, worker_config_yaml  # noqa: E402
 
 HOP_TARGET_MS = 5.0
 HOPS = ["h1", "h2", "h3", "h4"]

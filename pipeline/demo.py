@@ -21,8 +21,8 @@ import orjson
 import yaml
 
 from pipeline.demo_images import DemoImageServer
-from pipeline.ingress.load import percentile
-from pipeline.stages.tenants import key_hash
+from pipeline.registries.tenants import key_hash
+from pipeline.runtime.metrics import percentile
 
 # what each traffic category demonstrates, for the closing table
 MEANING = {

@@ -16,11 +16,11 @@ from pathlib import Path
 
 from aiokafka import AIOKafkaProducer
 
+from pipeline.config.settings import Settings, kafka_kwargs
 from pipeline.contracts.control import ApiKeyIssued, TenantUpsert
+from pipeline.registries.tenants import key_hash, new_api_key
 from pipeline.runtime.codec import encode
 from pipeline.runtime.topics import TopicNames
-from pipeline.settings import Settings, kafka_kwargs
-from pipeline.stages.tenants import key_hash, new_api_key
 
 DEV_KEY_FILE = "dev-api-key"
 

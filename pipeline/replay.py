@@ -22,13 +22,13 @@ from typing import Any
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 
+from pipeline.config.settings import Settings, kafka_kwargs
 from pipeline.contracts import Evidence
 from pipeline.runtime.handler import Item
 from pipeline.runtime.outputs import make_producer
 from pipeline.runtime.stage_handler import ReplayMode, StageHandler
 from pipeline.runtime.topics import TopicNames
 from pipeline.runtime.topology import Topology
-from pipeline.settings import Settings, kafka_kwargs
 from pipeline.stores.warehouse import QueryResult
 
 

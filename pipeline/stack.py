@@ -23,6 +23,7 @@ from pathlib import Path
 
 import httpx
 
+from pipeline.config.settings import CONFIG_ENV, Settings
 from pipeline.dev_key import ensure_dev_tenant
 from pipeline.ingress.http import FrontDoor, HttpServer
 from pipeline.runtime.broker import EmbeddedBroker, free_port
@@ -30,7 +31,6 @@ from pipeline.runtime.launch import sink_worker, stage_worker, start_all
 from pipeline.runtime.metrics import serve_metrics
 from pipeline.runtime.topics import apply_topics
 from pipeline.runtime.topology import Topology
-from pipeline.settings import CONFIG_ENV, Settings
 from pipeline.stores.sql_gateway import AdminServer, admin_token_for
 from pipeline.stores.warehouse import Warehouse, open_warehouse
 from pipeline.stores.warehouse_sink import SINK_STAGE

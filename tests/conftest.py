@@ -19,10 +19,10 @@ import httpx
 import pytest
 import pytest_asyncio
 
+from pipeline.config.settings import Settings, StageSpec, worker_config_yaml
 from pipeline.runtime.broker import EmbeddedBroker, free_port
 from pipeline.runtime.topics import apply_topics
 from pipeline.runtime.topology import Topology
-from pipeline.settings import Settings, StageSpec, worker_config_yaml
 from pipeline.stores.sql_gateway import ensure_admin_token, query_via_admin
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -15,8 +15,8 @@ from pipeline.contracts.actor import (
     ValidationPrompt,
 )
 from pipeline.engines.chat_engine import EngineError, Generation
-from pipeline.stages.actor_lifecycle import ActorBook, validation_failure
-from pipeline.stages.actor_replica import ActorReplica
+from pipeline.registries.actor import ActorBook, validation_failure
+from pipeline.stages.generate.actor import ActorReplica
 
 SHA = "a" * 64
 

@@ -19,8 +19,8 @@ import pytest
 import yaml
 
 from pipeline.engines.lora_factory import make_adapter
-from pipeline.stages.adapters import adapter_digest
-from pipeline.stages.tenants import key_hash, new_api_key
+from pipeline.registries.adapters import adapter_digest
+from pipeline.registries.tenants import key_hash, new_api_key
 from tests.conftest import ROOT
 from tests.test_cli_stack import last_json, llmpipe
 

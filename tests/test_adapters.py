@@ -7,15 +7,16 @@ import asyncio
 
 import pytest
 
+from pipeline.config.lora import LoraSettings
+from pipeline.config.settings import Settings, StageSpec
 from pipeline.contracts import RequestDoc
 from pipeline.contracts.adapter import AdapterSpec
 from pipeline.contracts.control import AdapterRegistered, AdapterStateChanged, ControlRecord
 from pipeline.contracts.request import RouteSection
+from pipeline.registries.adapters import AdapterRegistry, adapter_digest, incompatibility, verified_snapshot
 from pipeline.runtime.codec import decode, encode
 from pipeline.runtime.stage import StageContext
-from pipeline.settings import Settings, StageSpec
-from pipeline.stages.adapters import AdapterRegistry, LoraSettings, adapter_digest, incompatibility, verified_snapshot
-from pipeline.stages.route import pick_adapter
+from pipeline.stages.route.stage import pick_adapter
 
 
 @pytest.fixture
@@ -111,8 +112,8 @@ def test_route_picks_an_adapter_only_for_tenants_that_may_use_it(adapter_dir):
 
 @pytest.mark.parametrize("stage_name", ["admit", "generate"])
 def test_admit_and_generate_refuse_an_adapter_the_tenant_may_not_use(adapter_dir, tmp_path, stage_name):
-    from pipeline.stages.admit import AdmitStage
-    from pipeline.stages.generate import GenerateStage
+    from pipeline.stages.admit.stage import AdmitStage
+    from pipeline.stages.generate.stage import GenerateStage
 
     s = Settings(data_dir=tmp_path, stages=[StageSpec(name=stage_name)], adapters=[spec(adapter_dir)])
     cls = {"admit": AdmitStage, "generate": GenerateStage}[stage_name]

@@ -9,6 +9,7 @@ from collections import Counter
 
 import pytest
 
+from pipeline.config.tenants import TenantLimits
 from pipeline.contracts import Evidence
 from pipeline.contracts.request import ChatBody, ChatMessage
 from pipeline.ingress import Client
@@ -16,8 +17,7 @@ from pipeline.runtime.codec import decode
 from pipeline.runtime.launch import stage_worker
 from pipeline.runtime.topics import TopicNames
 from pipeline.runtime.topology import Topology
-from pipeline.stages.admission import Ask, TenantState, admit, evaluate, roll
-from pipeline.stages.tenants import TenantLimits
+from pipeline.stages.admit.policy import Ask, TenantState, admit, evaluate, roll
 from tests.conftest import create_topics, read_topic, settings_for, wait_until
 
 pytestmark = [pytest.mark.integration, pytest.mark.asyncio(loop_scope="session")]

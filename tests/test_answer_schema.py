@@ -11,7 +11,7 @@ from pydantic import ValidationError
 from pipeline.contracts.caller_schema import MAX_SCHEMA_BYTES, MAX_SCHEMA_DEPTH
 from pipeline.contracts.request import JsonSchemaFormat
 from pipeline.ingress.openai_body import BodyError, chat_request
-from pipeline.stages.answer_schema import schema_violation
+from pipeline.stages.postprocess.schema import schema_violation
 
 REVIEWED = r"^(\w+\s?)*$"  # the review's pattern: 0.8 s at 24 characters with `re`, doubling with each one more
 EVIL = r"^(a|aa)+$"  # exponential even for the `regex` module, which handles REVIEWED in linear time

@@ -8,8 +8,8 @@ import pytest
 from pipeline.contracts import CacheInvalidate, RequestDoc
 from pipeline.contracts.request import RequestContext
 from pipeline.engines.embedder import Embedder
-from pipeline.stages.cache_policy import CachePolicy
-from pipeline.stages.semantic_cache import KEYWORD_FIELDS, NUMERIC_FIELDS, SemanticCache
+from pipeline.stages.cache.policy import CachePolicy
+from pipeline.stages.cache.semantic import KEYWORD_FIELDS, NUMERIC_FIELDS, SemanticCache
 from pipeline.stores.vector_index import open_index
 
 Q = "What are your opening hours on weekdays?"

@@ -6,7 +6,7 @@ import pytest
 
 from pipeline.contracts import RequestDoc
 from pipeline.contracts.request import RequestContext
-from pipeline.stages.cache_policy import (
+from pipeline.stages.cache.policy import (
     CachePolicy,
     GateRules,
     acl_scope,

@@ -18,8 +18,8 @@ from pipeline.runtime.codec import decode, encode
 from pipeline.runtime.launch import stage_worker
 from pipeline.runtime.topics import TopicNames
 from pipeline.runtime.topology import Topology
-from pipeline.stages.cache_policy import CachePolicy
-from pipeline.stages.semantic_cache import put_record
+from pipeline.stages.cache.policy import CachePolicy
+from pipeline.stages.cache.semantic import put_record
 from tests.conftest import ROOT, create_topics, read_topic, settings_for
 
 pytestmark = [pytest.mark.integration, pytest.mark.asyncio(loop_scope="session")]

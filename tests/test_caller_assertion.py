@@ -6,13 +6,14 @@ import os
 
 import pytest
 
+from pipeline.config.tenants import TenantSpec
 from pipeline.contracts import RequestDoc
 from pipeline.contracts.control import ApiKeyRevoked
 from pipeline.contracts.request import RequestContext
-from pipeline.stages.caller_assertion import AssertionRefused, sign, verify
-from pipeline.stages.mask import authenticate
-from pipeline.stages.restore_mapping import Keyring
-from pipeline.stages.tenants import TenantRegistry, TenantSpec, key_hash, new_api_key
+from pipeline.registries.tenants import TenantRegistry, key_hash, new_api_key
+from pipeline.security.caller_assertion import AssertionRefused, sign, verify
+from pipeline.security.sealing import Keyring
+from pipeline.stages.mask.stage import authenticate
 
 KEYRING = Keyring({"k1": os.urandom(32)}, "k1")
 

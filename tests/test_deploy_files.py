@@ -61,9 +61,9 @@ TOPICS_INIT = "topics-init"
 # Environment variables of llmpipe containers that configure something other than llmpipe.
 FOREIGN_ENV = {"OMP_NUM_THREADS", "HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "OPENCV_IO_MAX_IMAGE_PIXELS"}
 FOREIGN_ENV_PREFIXES = ("VLLM_",)
-# LLMPIPE_* variables read outside pipeline.settings.Settings, or by settings not merged yet.
+# LLMPIPE_* variables read outside pipeline.config.settings.Settings, or by settings not merged yet.
 LLMPIPE_ENV_NOT_IN_SETTINGS = {
-    "LLMPIPE_CONFIG",  # the YAML settings file (pipeline.settings.CONFIG_ENV)
+    "LLMPIPE_CONFIG",  # the YAML settings file (pipeline.config.settings.CONFIG_ENV)
 }
 K8S_SCHEMA_VERSION = "1.30"  # oldest Kubernetes these manifests must be valid for
 DEBIAN_COMPOSE_SCHEMAS = ("/usr/lib/python3/dist-packages/compose/config/compose_spec.json",)
@@ -119,7 +119,7 @@ def image_problems(where: str, image: str) -> list[str]:
 
 def settings_field_exists(var: str) -> bool:
     """LLMPIPE_A__B -> Settings.a.b, following pydantic-settings' env_nested_delimiter."""
-    from pipeline.settings import Settings
+    from pipeline.config.settings import Settings
 
     parts = var.removeprefix("LLMPIPE_").lower().split("__")
     model: type[BaseModel] = Settings
@@ -140,7 +140,7 @@ def env_problems(where: str, env: dict[str, str]) -> list[str]:
     for name in env:
         if name.startswith("LLMPIPE_"):
             if name not in LLMPIPE_ENV_NOT_IN_SETTINGS and not settings_field_exists(name):
-                problems.append(f"{where}: {name} is not a setting of pipeline.settings.Settings")
+                problems.append(f"{where}: {name} is not a setting of pipeline.config.settings.Settings")
         elif name not in FOREIGN_ENV and not name.startswith(FOREIGN_ENV_PREFIXES):
             problems.append(f"{where}: {name} configures llmpipe? llmpipe variables start with LLMPIPE_")
     return problems
@@ -464,7 +464,7 @@ def test_compose_structure_rejects_broken_files(mutate, expected):
 
 
 def test_shared_settings_file_is_valid(monkeypatch, tmp_path):
-    from pipeline.settings import Settings
+    from pipeline.config.settings import Settings
 
     for name in list(os.environ):
         if name.startswith("LLMPIPE_"):
@@ -583,9 +583,9 @@ def quantity(value) -> float:
 
 
 def k8s_problems(files: dict[str, list[dict]], kust: dict) -> list[str]:
+    from pipeline.config.settings import Settings, SinkSettings
     from pipeline.runtime.launch import group_id
     from pipeline.runtime.topics import TopicNames
-    from pipeline.settings import Settings, SinkSettings
     from pipeline.stores.warehouse_sink import WarehouseSink
 
     problems: list[str] = []

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from pipeline.stages.deployments import (
+from pipeline.stages.generate.deployments import (
     Breaker,
     BreakerPolicy,
     Deployment,
@@ -92,9 +92,9 @@ def test_old_failures_leave_the_window():
 # ---- generate's use of the policy (no engine, no broker) ---------------------------------------
 
 def _generate_stage(**policy):
+    from pipeline.config.settings import Settings, StageSpec
     from pipeline.runtime.stage import StageContext
-    from pipeline.settings import Settings, StageSpec
-    from pipeline.stages.generate import GenerateStage
+    from pipeline.stages.generate.stage import GenerateStage
 
     s = Settings(stages=[StageSpec(name="generate", policy=policy)],
                  deployments=[{"name": "local-vllm"}, {"name": "remote", "engine": "openai", "base_url": "http://x/v1"}])
@@ -119,9 +119,9 @@ def test_breaker_updates_from_other_workers_are_adopted_and_own_echoes_ignored()
 
 
 def test_needs_and_sampling_follow_the_request():
-    from pipeline.contracts.request import ChatBody, ChatMessage, RequestContext, ResponseFormat
     from pipeline.contracts import RequestDoc
-    from pipeline.stages.generate import needs_for, sampling_for
+    from pipeline.contracts.request import ChatBody, ChatMessage, RequestContext, ResponseFormat
+    from pipeline.stages.generate.stage import needs_for, sampling_for
 
     st = _generate_stage(default_max_tokens=64, max_tokens_cap=100)
     rf = ResponseFormat.model_validate({"type": "json_schema", "json_schema": {"schema": {"type": "object"}}})
@@ -139,7 +139,7 @@ def test_needs_and_sampling_follow_the_request():
 
 def test_http_failures_map_to_retryable_or_not():
     from pipeline.engines.openai_engine import _status_class
-    from pipeline.stages.deployments import NON_RETRYABLE, RETRYABLE
+    from pipeline.stages.generate.deployments import NON_RETRYABLE, RETRYABLE
 
     cases = {(400, "max_tokens=5000 cannot be greater than max_model_len=2048"): "context_too_long",
              (400, "bad field"): "invalid_request", (401, ""): "unauthorized", (429, ""): "overloaded",
@@ -153,8 +153,8 @@ def test_http_failures_map_to_retryable_or_not():
 def test_example_configs_validate_with_their_stage_policies(monkeypatch):
     from pathlib import Path
 
+    from pipeline.config.settings import load_settings
     from pipeline.runtime.topology import Topology
-    from pipeline.settings import load_settings
 
     monkeypatch.delenv("LLMPIPE_CONFIG", raising=False)  # load_settings sets it; undone after the test
     root = Path(__file__).resolve().parents[1]

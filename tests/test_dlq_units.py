@@ -47,7 +47,7 @@ def test_an_oversize_record_is_kept_truncated_with_its_digest():
 def test_the_door_limit_must_leave_room_for_the_document_to_grow():
     import pytest
 
-    from pipeline.settings import DOC_GROWTH_BYTES, Settings
+    from pipeline.config.settings import DOC_GROWTH_BYTES, Settings
 
     s = Settings()
     assert s.http.max_body_bytes + DOC_GROWTH_BYTES <= s.producer.max_request_size

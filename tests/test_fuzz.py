@@ -11,6 +11,7 @@ loop of their own so hypothesis can drive it from synchronous tests.
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import resource
 import threading
@@ -18,8 +19,6 @@ import time
 import uuid
 from collections.abc import Coroutine
 from typing import Any
-
-import json
 
 import httpx
 import orjson
@@ -30,11 +29,11 @@ from hypothesis import strategies as st
 
 from pipeline.contracts import DlqRecord, Response
 from pipeline.ingress.http import FrontDoor
+from pipeline.registries.tenants import key_hash, new_api_key
 from pipeline.runtime.codec import decode
 from pipeline.runtime.launch import stage_worker
 from pipeline.runtime.topics import TopicNames
 from pipeline.runtime.topology import Topology
-from pipeline.stages.tenants import key_hash, new_api_key
 from tests.conftest import create_topics, read_topic, settings_for
 
 pytestmark = pytest.mark.integration

@@ -15,8 +15,8 @@ import openai
 import pytest
 from PIL import Image
 
-from pipeline.stages.adapters import adapter_digest
-from pipeline.stages.tenants import key_hash, new_api_key
+from pipeline.registries.adapters import adapter_digest
+from pipeline.registries.tenants import key_hash, new_api_key
 from tests.test_cli_stack import last_json, llmpipe, running
 
 pytestmark = pytest.mark.integration

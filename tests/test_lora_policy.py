@@ -7,8 +7,8 @@ import asyncio
 
 import pytest
 
-from pipeline.stages.adapter_residency import AdapterResidency
-from pipeline.stages.fair_gate import FairGate
+from pipeline.stages.generate.fair_gate import FairGate
+from pipeline.stages.generate.lora.residency import AdapterResidency
 
 
 def labels(moves):

@@ -10,12 +10,12 @@ from pathlib import Path
 
 import pytest
 
+from pipeline.config.settings import Settings, StageSpec
 from pipeline.contracts import RequestDoc
-from pipeline.settings import Settings, StageSpec
-from pipeline.stages.mask import MaskStage, mask_document
-from pipeline.stages.masker import Masker, MaskPolicy
-from pipeline.stages.restore_mapping import Keyring, RestoreError, keyring_for, open_sealed, seal, unmask
 from pipeline.runtime.stage import StageContext
+from pipeline.security.sealing import Keyring, RestoreError, keyring_for, open_sealed, seal, unmask
+from pipeline.stages.mask.pii import Masker, MaskPolicy
+from pipeline.stages.mask.stage import MaskStage, mask_document
 
 DATA = Path(__file__).parent / "data" / "pii_sentences.jsonl"
 ROWS = [json.loads(line) for line in DATA.read_text().splitlines() if line.strip()]
@@ -137,7 +137,7 @@ async def test_stage_evidence_counts_types_and_never_text(tmp_path):
 
 
 def test_tenant_overrides_change_the_policy(tmp_path):
-    from pipeline.stages.mask import MaskStagePolicy
+    from pipeline.stages.mask.stage import MaskStagePolicy
 
     p = MaskStagePolicy(tenants={"t-ip-ok": {"entities": ["EMAIL_ADDRESS"]}})
     assert "IP_ADDRESS" not in p.for_tenant("t-ip-ok").entities

@@ -9,18 +9,18 @@ import pytest
 from presidio_analyzer import Pattern, PatternRecognizer
 from presidio_analyzer import pattern_recognizer as presidio_patterns
 
+from pipeline.config.settings import Settings, StageSpec
+from pipeline.config.tenants import TenantLimits
 from pipeline.contracts import RequestDoc, Status
 from pipeline.runtime.stage import StageContext
-from pipeline.settings import Settings, StageSpec
-from pipeline.stages.mask import MaskStage
-from pipeline.stages.masker import WINDOW_CHARS, WINDOW_OVERLAP, Masker, MaskFailed, MaskPolicy, windows
-from pipeline.stages.pii_recognizers import (
+from pipeline.stages.mask.pii import WINDOW_CHARS, WINDOW_OVERLAP, Masker, MaskFailed, MaskPolicy, windows
+from pipeline.stages.mask.recognizers import (
     PATTERN_TIMEOUT_S,
     FailClosedPatterns,
     MaskTimeout,
     project_recognizers,
 )
-from pipeline.stages.tenants import TenantLimits
+from pipeline.stages.mask.stage import MaskStage
 
 MAX = TenantLimits().max_prompt_chars
 # the kr-v1 road-address pattern: cubic on Hangul runs (400 × "시" takes seconds)

@@ -87,7 +87,7 @@ async def test_image_requests_are_decoded_stored_and_answered(broker, prefix, tm
 
 
 def test_submit_sends_local_files_as_data_urls(tmp_path):
-    from pipeline.cli import _image_arg
+    from pipeline.cli.traffic import _image_arg
 
     f = tmp_path / "cat.jpg"
     f.write_bytes(jpeg(20, 10))

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from pipeline.contracts import RequestDoc
 from pipeline.contracts.request import ChatBody, ChatMessage, ResponseFormat
-from pipeline.stages.cache_policy import CachePolicy, bypass_reason
-from pipeline.stages.answer_schema import schema_violation
+from pipeline.stages.cache.policy import CachePolicy, bypass_reason
+from pipeline.stages.postprocess.schema import schema_violation
 
 SCHEMA = {"type": "object", "properties": {"city": {"type": "string"}, "population": {"type": "integer"}},
           "required": ["city"], "additionalProperties": False}
@@ -32,10 +32,10 @@ def test_structured_output_requests_bypass_the_cache():
 
 
 def test_an_answer_breaking_the_requested_schema_becomes_an_error_answer(tmp_path):
+    from pipeline.config.settings import Settings, StageSpec
     from pipeline.contracts.request import GenerationSection
     from pipeline.runtime.stage import StageContext
-    from pipeline.settings import Settings, StageSpec
-    from pipeline.stages.postprocess import PostprocessStage
+    from pipeline.stages.postprocess.stage import PostprocessStage
 
     s = Settings(data_dir=tmp_path, stages=[StageSpec(name="postprocess", policy={"write_back": False})])
     stage = PostprocessStage(StageContext(spec=s.stage("postprocess"), settings=s, runtime=s.runtime))
@@ -50,3 +50,20 @@ def test_an_answer_breaking_the_requested_schema_becomes_an_error_answer(tmp_pat
     assert "violates 'required'" in bad.response.reason and bad.evidence[0].reason == "schema_invalid"
     good = stage.decide(doc.model_copy(update={"generation": gen.model_copy(update={"text": '{"city": "Paris"}'})}))
     assert good.response.status == "ok" and good.response.cost_usd == 0.5 and good.response.deployment == "d"
+
+
+def test_postprocess_writes_back_under_the_cache_stages_own_policy(tmp_path):
+    """One source: the cache stage's policy in the topology, unless postprocess names its own."""
+    from pipeline.config.settings import Settings
+    from pipeline.runtime.stage import StageContext
+    from pipeline.stages.postprocess.stage import PostprocessStage
+
+    def stage(post_policy: dict) -> PostprocessStage:
+        s = Settings(data_dir=tmp_path, stages=[{"name": "cache", "policy": {"tenant_modes": {"beta": "shadow"},
+                                                                             "default_domain": "tech"}},
+                                                {"name": "postprocess", "policy": post_policy}])
+        return PostprocessStage(StageContext(spec=s.stage("postprocess"), settings=s, runtime=s.runtime))
+
+    assert stage({}).cache_policy.tenant_modes == {"beta": "shadow"}
+    assert stage({}).cache_policy.default_domain == "tech"
+    assert stage({"cache": {"default_domain": "faq"}}).cache_policy.default_domain == "faq"

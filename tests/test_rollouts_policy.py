@@ -12,8 +12,8 @@ from pipeline.contracts import RequestDoc
 from pipeline.contracts.request import ChatBody, ChatMessage, HookSpec, RolloutRequest
 from pipeline.engines.chat_engine import Generation, Sampling
 from pipeline.engines.provenance import Provenance
-from pipeline.stages.rewards import HookError, Sample, resolve, scorer_for, REWARDS, VERIFIERS
-from pipeline.stages.rollout_samples import actor_revision_of, rollout_rows, sample_seeds
+from pipeline.stages.generate.rollouts.rewards import REWARDS, VERIFIERS, HookError, Sample, resolve, scorer_for
+from pipeline.stages.generate.rollouts.samples import actor_revision_of, rollout_rows, sample_seeds
 from tests.conftest import ROOT
 
 
@@ -86,7 +86,8 @@ def test_rollout_rows_carry_provenance_and_the_actor_that_ran():
 
 def test_prompt_lines_become_rollout_requests(tmp_path):
     from pipeline.ingress.load import TrafficLine
-    from pipeline.rollouts import RolloutOptions, rollout_doc as build
+    from pipeline.rollouts import RolloutOptions
+    from pipeline.rollouts import rollout_doc as build
 
     class FakeClient:  # only `build` is used: the real Client.build needs a running broker
         def build(self, *, body, timeout_s, api_key, rollout):

@@ -7,8 +7,7 @@ import pytest
 from pipeline.contracts import RequestDoc
 from pipeline.contracts.request import DeviceState
 from pipeline.engines.embedder import Embedder
-from pipeline.stages.route import Router, route_text
-from pipeline.stages.route_policy import (
+from pipeline.stages.route.policy import (
     DeviceFlags,
     PlacementPolicy,
     RoutePolicy,
@@ -16,6 +15,7 @@ from pipeline.stages.route_policy import (
     place,
     update_flags,
 )
+from pipeline.stages.route.stage import Router, route_text
 
 P = PlacementPolicy()
 
@@ -97,9 +97,9 @@ def test_route_reuses_the_cache_embedding_of_the_same_text(embedder, tmp_path):
     import asyncio
 
     from pipeline.engines.embedder import vector_from_b64
-    from pipeline.stages.cache_policy import CachePolicy
-    from pipeline.stages.route import RouteStage, reused_vector
-    from pipeline.stages.semantic_cache import KEYWORD_FIELDS, NUMERIC_FIELDS, SemanticCache
+    from pipeline.stages.cache.policy import CachePolicy
+    from pipeline.stages.cache.semantic import KEYWORD_FIELDS, NUMERIC_FIELDS, SemanticCache
+    from pipeline.stages.route.stage import RouteStage, reused_vector
     from pipeline.stores.vector_index import open_index
 
     index = open_index(f"edge:{tmp_path / 'idx'}", embedder.dim, KEYWORD_FIELDS, NUMERIC_FIELDS)
@@ -117,8 +117,8 @@ def test_route_reuses_the_cache_embedding_of_the_same_text(embedder, tmp_path):
     router = Router(RoutePolicy(), embedder)
     assert router.decide(looked_up, reused_vector(looked_up, embedder), 1_000) == decide(router, d)
 
+    from pipeline.config.settings import Settings, StageSpec
     from pipeline.runtime.stage import StageContext
-    from pipeline.settings import Settings, StageSpec
 
     s = Settings(data_dir=tmp_path, stages=[StageSpec(name="route")])
     stage = RouteStage(StageContext(spec=s.stage("route"), settings=s, runtime=s.runtime))

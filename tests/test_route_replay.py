@@ -10,8 +10,8 @@ import yaml
 from pipeline.contracts.request import DeviceState
 from pipeline.engines.embedder import Embedder
 from pipeline.ingress import Client
-from pipeline.stages.route import Router, route_text
-from pipeline.stages.route_policy import RoutePolicy
+from pipeline.stages.route.policy import RoutePolicy
+from pipeline.stages.route.stage import Router, route_text
 from tests.test_cli_stack import last_json, llmpipe
 
 pytestmark = [pytest.mark.integration, pytest.mark.asyncio(loop_scope="session")]

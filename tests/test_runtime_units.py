@@ -6,12 +6,12 @@ import pytest
 from aiokafka import TopicPartition
 from prometheus_client import CollectorRegistry
 
+from pipeline.config.settings import RuntimeSettings, Settings, StageSpec
 from pipeline.contracts import RequestDoc
 from pipeline.runtime.flow import BoundedQueue
 from pipeline.runtime.metrics import StageMetrics
 from pipeline.runtime.offsets import OffsetTracker
 from pipeline.runtime.topology import Topology
-from pipeline.settings import RuntimeSettings, Settings, StageSpec
 
 TP = TopicPartition("t", 0)
 
@@ -115,7 +115,7 @@ def test_an_explicit_config_file_does_not_leak_into_later_settings(tmp_path, mon
     it used to be written into os.environ, and child processes inherited it."""
     import os
 
-    from pipeline.settings import CONFIG_ENV, load_settings
+    from pipeline.config.settings import CONFIG_ENV, load_settings
 
     monkeypatch.delenv(CONFIG_ENV, raising=False)
     cfg = tmp_path / "one.yaml"

@@ -7,8 +7,8 @@ import ssl
 import pytest
 from pydantic import ValidationError
 
+from pipeline.config.settings import KafkaSecurity, Settings, kafka_kwargs
 from pipeline.ingress.http import config_warnings
-from pipeline.settings import KafkaSecurity, Settings, kafka_kwargs
 
 
 def test_a_fresh_config_requires_keys_and_meters_everyone():

@@ -17,7 +17,7 @@ import httpx
 import orjson
 import pytest
 
-from pipeline.stages.tenants import key_hash, new_api_key
+from pipeline.registries.tenants import key_hash, new_api_key
 from tests.test_cli_stack import running
 
 pytestmark = pytest.mark.integration

@@ -18,8 +18,8 @@ import pytest
 from fastapi.testclient import TestClient
 from pydantic import SecretStr
 
+from pipeline.config.settings import SecretSettings, Settings
 from pipeline.report import SECTIONS, query_text
-from pipeline.settings import SecretSettings, Settings
 from pipeline.stores.sql_gateway import (
     ALLOWED_SYSTEM_TABLES,
     ALLOWED_TABLE_FUNCTIONS,

@@ -14,16 +14,17 @@ import sys
 
 import pytest
 
+from pipeline.config.tenants import TenantSpec
 from pipeline.contracts import Evidence
 from pipeline.contracts.control import ApiKeyIssued, ApiKeyRevoked, TenantUpsert
 from pipeline.contracts.request import ChatBody, ChatMessage
 from pipeline.ingress import Client
+from pipeline.registries.tenants import TenantRegistry, key_hash, new_api_key
 from pipeline.runtime.codec import decode
 from pipeline.runtime.launch import stage_worker
 from pipeline.runtime.topics import TopicNames
 from pipeline.runtime.topology import Topology
-from pipeline.stages.mask import authenticate
-from pipeline.stages.tenants import TenantRegistry, TenantSpec, key_hash, new_api_key
+from pipeline.stages.mask.stage import authenticate
 from tests.conftest import ROOT, create_topics, read_topic, settings_for
 
 

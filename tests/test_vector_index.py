@@ -15,13 +15,14 @@ from typing import Any
 import numpy as np
 import pytest
 
+from pipeline.stores import qdrant_client_index, qdrant_edge_index
 from pipeline.stores import vector_index as vi
+from pipeline.stores.qdrant_client_index import QdrantClientIndex
+from pipeline.stores.qdrant_edge_index import EdgeIndex
 from pipeline.stores.vector_index import (
     Candidate,
-    EdgeIndex,
     IndexEntry,
     Match,
-    QdrantClientIndex,
     Range,
     VectorIndex,
     open_index,
@@ -347,8 +348,8 @@ def test_edge_persists_across_reopen(tmp_path: Path):
 ])
 def test_open_index_dispatch(monkeypatch, spec, kind, kwargs):
     calls: list[tuple[str, tuple, dict]] = []
-    monkeypatch.setattr(vi, "EdgeIndex", lambda *a, **k: calls.append(("edge", a, k)) or "E")
-    monkeypatch.setattr(vi, "QdrantClientIndex", lambda *a, **k: calls.append(("client", a, k)) or "C")
+    monkeypatch.setattr(qdrant_edge_index, "EdgeIndex", lambda *a, **k: calls.append(("edge", a, k)) or "E")
+    monkeypatch.setattr(qdrant_client_index, "QdrantClientIndex", lambda *a, **k: calls.append(("client", a, k)) or "C")
     assert open_index(spec, 384, keyword_fields=("tenant",), numeric_fields=("exp",)) == ("E" if kind == "edge" else "C")
     [(got_kind, args, kw)] = calls
     assert got_kind == kind

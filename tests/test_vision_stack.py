@@ -17,7 +17,7 @@ from pipeline.runtime.codec import decode
 from pipeline.runtime.launch import stage_worker
 from pipeline.runtime.topics import TopicNames
 from pipeline.runtime.topology import Topology
-from pipeline.stages.vision import describe
+from pipeline.stages.vision.stage import describe
 from tests.conftest import create_topics, read_topic, settings_for
 
 pytestmark = [pytest.mark.integration]
@@ -78,7 +78,8 @@ async def test_features_are_cached_per_tenant_and_described(broker, prefix, tmp_
 def test_the_encoder_names_what_it_sees(tmp_path):
     import cv2
 
-    from pipeline.stages.media_decode import ProcessorConfig, decode as decode_image
+    from pipeline.stages.media.decode import ProcessorConfig
+    from pipeline.stages.media.decode import decode as decode_image
 
     enc = MobileNetEncoder(tmp_path / "models")
     img = np.full((224, 224, 3), 255, np.uint8)

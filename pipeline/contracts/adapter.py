@@ -1,4 +1,4 @@
-"""An adapter's registry entry: what `control` carries and the config lists (pipeline/stages/adapters.py
+"""An adapter's registry entry: what `control` carries and the config lists (pipeline/registries/adapters.py
 holds the registry and its checks)."""
 
 from __future__ import annotations

@@ -3,7 +3,7 @@
 The schema is hostile input: it is validated by postprocess and compiled into a grammar by the
 engine. Here it must be small, shallow, self-contained (every `$ref` local, so nothing is ever
 retrieved) and its regexes must compile. Evaluating those regexes in bounded time is
-postprocess's job (pipeline/stages/answer_schema.py); a leaf module cannot enforce time.
+postprocess's job (pipeline/stages/postprocess/schema.py); a leaf module cannot enforce time.
 """
 
 from __future__ import annotations

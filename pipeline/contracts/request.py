@@ -139,7 +139,7 @@ class RouteSection(WireModel):
 
 
 class HookSpec(WireModel):
-    """A registered verifier or reward function (pipeline/stages/rewards.py) and its arguments."""
+    """A registered verifier or reward function (pipeline/stages/generate/rollouts/rewards.py) and its arguments."""
 
     name: str = Field(min_length=1, max_length=128)
     args: dict[str, Any] = Field(default_factory=dict)

@@ -3,8 +3,8 @@ generate's context check): the served model's own, from the prepared model direc
 
 from __future__ import annotations
 
+from pipeline.config.settings import Settings
 from pipeline.engines.model_prep import resolve
-from pipeline.settings import Settings
 
 
 def load_chat_tokenizer(settings: Settings):

@@ -12,9 +12,9 @@ import time
 import uuid
 from pathlib import Path
 
+from pipeline.config.lora import LoraSettings
 from pipeline.contracts.adapter import AdapterSpec
 from pipeline.engines.chat_engine import EngineError, Generation, Sampling, chat_prompt_ids
-from pipeline.stages.adapters import LoraSettings
 
 ZERO_ADAPTER_ID = 1  # vLLM's id of the all-zero adapter base requests run through while LoRA is on
 
@@ -59,7 +59,6 @@ class VllmEngine:
         configure_cpu_env(self.cache_dir)
         from vllm.engine.arg_utils import AsyncEngineArgs
         from vllm.v1.engine.async_llm import AsyncLLM
-
         from vllm.v1.metrics.loggers import StatLoggerBase
 
         class PerRequestStatsOnly(StatLoggerBase):

@@ -8,7 +8,6 @@ the launcher module behind it works and serves the same /v1 API.
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -18,12 +17,7 @@ import httpx
 
 from pipeline.engines.model_prep import MODEL_NAME
 from pipeline.engines.vllm_engine import configure_cpu_env
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+from pipeline.runtime.broker import free_port
 
 
 class VllmServer:

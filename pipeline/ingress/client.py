@@ -18,6 +18,7 @@ from typing import Any
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 
+from pipeline.config.settings import KafkaSecurity, kafka_kwargs
 from pipeline.contracts import ReplyTo, RequestDoc, Response
 from pipeline.contracts.base import now_ms
 from pipeline.contracts.request import ChatBody, ChatMessage
@@ -25,7 +26,6 @@ from pipeline.runtime.codec import decode, encode, request_headers
 from pipeline.runtime.errors import DecodeError
 from pipeline.runtime.polling import FetchPacer, guarded_getmany
 from pipeline.runtime.topics import TopicNames
-from pipeline.settings import KafkaSecurity, kafka_kwargs
 
 log = logging.getLogger(__name__)
 

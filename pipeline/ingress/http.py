@@ -8,7 +8,7 @@ the answer on this door's own reply partition becomes the HTTP response.
 The door authenticates the key against the tenant registry (config + `control`) before anything
 is published: an unknown or revoked key is a 401 that costs the pipeline nothing. The key itself
 never travels: the event carries the door's caller assertion, signed for this request only
-(pipeline/stages/caller_assertion.py), which mask verifies against the live registry (a key
+(pipeline/security/caller_assertion.py), which mask verifies against the live registry (a key
 revoked between door and mask is refused) and strips. The key is never logged. Pipeline-specific request fields ride in an optional
 `llmpipe` object of the body (`extra_body={"llmpipe": {...}}` in the openai client): timeout_s,
 context, device_id, device.
@@ -29,22 +29,23 @@ from typing import Any
 
 import orjson
 from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse, Response as HttpResponse, StreamingResponse
-from prometheus_client import REGISTRY, CONTENT_TYPE_LATEST, Counter, Histogram, generate_latest
+from fastapi.responses import JSONResponse, StreamingResponse
+from fastapi.responses import Response as HttpResponse
+from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, Counter, Histogram, generate_latest
 from pydantic import ValidationError
 
+from pipeline.config.settings import Settings
 from pipeline.contracts import RequestDoc, Response
 from pipeline.ingress.client import Client, ClientTimeout
 from pipeline.ingress.openai_body import BodyError, chat_request
-from pipeline.ingress.openai_reply import (completion, error_body, http_status, retry_after_s, stream_chunks)
+from pipeline.ingress.openai_reply import completion, error_body, http_status, retry_after_s, stream_chunks
+from pipeline.registries.tenants import Caller, TenantRegistry
 from pipeline.runtime.asgi import AsgiServer
 from pipeline.runtime.codec import describe_validation_error
 from pipeline.runtime.follower import ControlFollower
 from pipeline.runtime.topics import TopicNames
-from pipeline.settings import Settings
-from pipeline.stages.caller_assertion import sign as sign_assertion
-from pipeline.stages.restore_mapping import Keyring, keyring_for
-from pipeline.stages.tenants import Caller, TenantRegistry
+from pipeline.security.caller_assertion import sign as sign_assertion
+from pipeline.security.sealing import Keyring, keyring_for
 
 log = logging.getLogger(__name__)
 

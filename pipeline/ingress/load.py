@@ -17,6 +17,7 @@ from pipeline.contracts import RequestDoc, Response
 from pipeline.ingress.client import Client, ClientTimeout
 from pipeline.ingress.openai_body import BodyError, chat_body
 from pipeline.runtime.codec import describe_validation_error
+from pipeline.runtime.metrics import percentile
 
 
 @dataclass
@@ -48,14 +49,6 @@ def read_traffic(path: Path) -> tuple[list[TrafficLine], list[InvalidLine]]:
             continue
         good.append(TrafficLine(n, obj, obj.pop("api_key", None), obj.pop("idempotency_key", None)))
     return good, bad
-
-
-def percentile(values: list[float], q: float) -> float | None:
-    if not values:
-        return None
-    s = sorted(values)
-    k = min(len(s) - 1, max(0, round(q / 100 * (len(s) - 1))))
-    return round(s[k], 2)
 
 
 @dataclass

@@ -16,8 +16,8 @@ from collections.abc import Callable
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 
+from pipeline.config.settings import KafkaSecurity, kafka_kwargs
 from pipeline.runtime.polling import guarded_getmany
-from pipeline.settings import KafkaSecurity, kafka_kwargs
 
 MARKER_KEY = b"~marker"
 

@@ -14,11 +14,11 @@ from collections.abc import Callable
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 
+from pipeline.config.settings import KafkaSecurity, kafka_kwargs
 from pipeline.contracts import ControlRecord, Marker
 from pipeline.runtime.codec import decode, encode
 from pipeline.runtime.errors import DecodeError
 from pipeline.runtime.polling import FetchPacer, guarded_getmany
-from pipeline.settings import KafkaSecurity, kafka_kwargs
 
 log = logging.getLogger(__name__)
 

@@ -3,15 +3,15 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
 import logging
 import signal
+from collections.abc import Callable
 
+from pipeline.config.settings import Settings
 from pipeline.runtime.stage_handler import StageHandler
 from pipeline.runtime.topics import TopicNames
 from pipeline.runtime.topology import Topology
 from pipeline.runtime.worker import StageWorker, default_worker_id
-from pipeline.settings import Settings
 from pipeline.stores.warehouse import Warehouse
 from pipeline.stores.warehouse_sink import SINK_STAGE, WarehouseSink
 

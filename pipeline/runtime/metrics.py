@@ -94,3 +94,12 @@ def serve_metrics(port: int, host: str = "127.0.0.1") -> int:
     """Expose the process registry over HTTP on host:port (0 = any free port); returns the port."""
     server, _thread = start_http_server(port, addr=host)
     return server.server_address[1]
+
+
+def percentile(values: list[float], q: float) -> float | None:
+    """The nearest-rank percentile of `values` (None when empty), rounded to 0.01."""
+    if not values:
+        return None
+    s = sorted(values)
+    k = min(len(s) - 1, max(0, round(q / 100 * (len(s) - 1))))
+    return round(s[k], 2)

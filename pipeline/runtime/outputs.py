@@ -10,8 +10,8 @@ import asyncio
 
 from aiokafka import AIOKafkaProducer
 
+from pipeline.config.settings import Settings, kafka_kwargs
 from pipeline.runtime.codec import Headers
-from pipeline.settings import Settings, kafka_kwargs
 
 
 def make_producer(settings: Settings, bootstrap: str) -> AIOKafkaProducer:

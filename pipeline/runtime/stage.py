@@ -14,8 +14,8 @@ from typing import Any, ClassVar
 import orjson
 from pydantic import BaseModel
 
+from pipeline.config.settings import RuntimeSettings, Settings, StageSpec
 from pipeline.contracts import Evidence, RequestDoc, Response, Rollout
-from pipeline.settings import RuntimeSettings, Settings, StageSpec
 
 
 @dataclass

@@ -26,6 +26,7 @@ from aiokafka.errors import MessageSizeTooLargeError
 
 from pipeline.contracts import Evidence, ReplyTo, RequestDoc, Response, StageTiming, Status
 from pipeline.contracts.admit import release_for
+from pipeline.contracts.base import now_ms
 from pipeline.contracts.response import ImageShape, StageTimes
 from pipeline.runtime.codec import decode, encode, header_map, request_headers
 from pipeline.runtime.dlq import dead_letter
@@ -38,10 +39,6 @@ from pipeline.runtime.topics import TopicNames
 from pipeline.runtime.topology import Topology
 
 log = logging.getLogger(__name__)
-
-
-def now_ms() -> int:
-    return int(time.time() * 1000)
 
 
 @dataclass

@@ -8,23 +8,23 @@ import importlib
 import os
 import sys
 
+from pipeline.config.settings import Settings, StageSpec
 from pipeline.contracts import RequestDoc
 from pipeline.contracts.request import ANONYMOUS_TENANT
 from pipeline.runtime.errors import TopologyError
 from pipeline.runtime.stage import Stage, StageContext
 from pipeline.runtime.topics import TopicSpec, load_registry
-from pipeline.settings import Settings, StageSpec
 
 # Product stages, in pipeline order. A stage is listed here once its module exists.
 PRODUCT_STAGES: dict[str, str] = {
-    "mask": "pipeline.stages.mask:MaskStage",
-    "cache": "pipeline.stages.cache:CacheStage",
-    "route": "pipeline.stages.route:RouteStage",
-    "admit": "pipeline.stages.admit:AdmitStage",
-    "media": "pipeline.stages.media:MediaStage",
-    "vision": "pipeline.stages.vision:VisionStage",
-    "generate": "pipeline.stages.generate:GenerateStage",
-    "postprocess": "pipeline.stages.postprocess:PostprocessStage",
+    "mask": "pipeline.stages.mask.stage:MaskStage",
+    "cache": "pipeline.stages.cache.stage:CacheStage",
+    "route": "pipeline.stages.route.stage:RouteStage",
+    "admit": "pipeline.stages.admit.stage:AdmitStage",
+    "media": "pipeline.stages.media.stage:MediaStage",
+    "vision": "pipeline.stages.vision.stage:VisionStage",
+    "generate": "pipeline.stages.generate.stage:GenerateStage",
+    "postprocess": "pipeline.stages.postprocess.stage:PostprocessStage",
 }
 
 

@@ -30,13 +30,13 @@ from aiokafka.coordinator.assignors.range import RangePartitionAssignor
 from aiokafka.errors import CommitFailedError, IllegalStateError, KafkaError
 from aiokafka.structs import OffsetAndMetadata
 
+from pipeline.config.settings import ConsumerSettings, RuntimeSettings, Settings, kafka_kwargs
 from pipeline.runtime.flow import BoundedQueue
 from pipeline.runtime.handler import Handler, Item
 from pipeline.runtime.metrics import StageMetrics
 from pipeline.runtime.offsets import OffsetTracker
-from pipeline.runtime.polling import FetchPacer, guarded_getmany
 from pipeline.runtime.outputs import make_producer
-from pipeline.settings import ConsumerSettings, RuntimeSettings, Settings, kafka_kwargs
+from pipeline.runtime.polling import FetchPacer, guarded_getmany
 
 log = logging.getLogger(__name__)
 

@@ -36,7 +36,7 @@ from pipeline.runtime.asgi import AsgiServer
 from pipeline.stores.warehouse import QueryResult, Warehouse
 
 if TYPE_CHECKING:
-    from pipeline.settings import Settings
+    from pipeline.config.settings import Settings
 
 _STATEMENTS = ("SELECT", "WITH", "SHOW", "DESCRIBE", "DESC", "EXPLAIN", "EXISTS")
 _FIRST_WORD = re.compile(r"^\s*(SELECT|WITH|SHOW|DESCRIBE|DESC|EXPLAIN|EXISTS)\b", re.IGNORECASE)

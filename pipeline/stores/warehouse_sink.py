@@ -18,6 +18,7 @@ from typing import Any
 from aiokafka import AIOKafkaProducer
 from pydantic import BaseModel
 
+from pipeline.config.settings import SinkSettings
 from pipeline.contracts import DlqRecord, Evidence, Response, Rollout, WeightEvent
 from pipeline.runtime.codec import decode, encode
 from pipeline.runtime.dlq import dead_letter
@@ -26,7 +27,6 @@ from pipeline.runtime.handler import Item
 from pipeline.runtime.metrics import StageMetrics
 from pipeline.runtime.outputs import Outputs
 from pipeline.runtime.topics import TopicNames
-from pipeline.settings import SinkSettings
 from pipeline.stores import warehouse_rows as rows
 from pipeline.stores.warehouse import Warehouse
 

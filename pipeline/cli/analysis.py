@@ -1,0 +1,252 @@
+"""Ask the warehouse and the evidence: sql, report, cache-eval, replay, profile."""
+
+from __future__ import annotations
+
+import asyncio
+import csv
+import io
+import sys
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+import yaml
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from pipeline.cli.app import app
+from pipeline.cli.common import (
+    Bootstrap,
+    CliError,
+    ConfigFile,
+    DataDir,
+    Json,
+    _print_json,
+    _query_fn,
+    _settings,
+    _stack_bootstrap,
+    command,
+    err,
+    out,
+    parse_since,
+)
+
+# ---- analysts ----------------------------------------------------------------------------------
+
+
+@app.command()
+@command
+def sql(query: Annotated[Optional[str], typer.Argument(help="one read-only statement")] = None,
+        file: Annotated[Optional[Path], typer.Option("--file", exists=True, dir_okay=False,
+                                                     help="read the statement from a file (e.g. a shipped query)")] = None,
+        param: Annotated[Optional[list[str]], typer.Option("--param", help="NAME=VALUE for {NAME:Type} in the "
+                                                                           "query; repeatable")] = None,
+        data_dir: DataDir = Path(".llmpipe"), config: ConfigFile = None, bootstrap: Bootstrap = None,
+        format: Annotated[str, typer.Option("--format", help="table | json | csv")] = "table") -> None:
+    """Query the warehouse (through the running stack in embedded mode)."""
+    from pipeline.stores.sql_gateway import check_read_only, jsonable
+
+    if format not in ("table", "json", "csv"):
+        raise CliError("--format must be table, json or csv")
+    if (query is None) == (file is None):
+        raise CliError("give a query or --file, not both")
+    if file is not None:
+        from pipeline.report import sql_from_file
+
+        query = sql_from_file(file)
+    params = {}
+    for p in param or []:
+        name, eq, value = p.partition("=")
+        if not eq or not name.isidentifier():
+            raise CliError(f"--param: expected NAME=VALUE, got {p!r}")
+        params[name] = value
+    s = _settings(data_dir, config, bootstrap)
+    assert query is not None
+    check_read_only(query.strip())
+    res = _query_fn(s)(query, params)
+    rows = [jsonable(list(r)) for r in res.rows]
+    if format == "json":
+        _print_json([dict(zip(res.columns, r)) for r in rows])
+    elif format == "csv":
+        buf = io.StringIO()
+        w = csv.writer(buf)
+        w.writerow(res.columns)
+        w.writerows(rows)
+        sys.stdout.write(buf.getvalue())
+    else:
+        t = Table(*res.columns)
+        for r in rows:
+            t.add_row(*(str(v) for v in r))
+        out.print(t)
+
+
+@app.command()
+@command
+def report(data_dir: DataDir = Path(".llmpipe"), config: ConfigFile = None, bootstrap: Bootstrap = None,
+           since: Annotated[str, typer.Option("--since", help="a duration back from now (30m, 2h, 7d) or an ISO "
+                                                           "time (UTC unless it says otherwise)")] = "24h",
+           html: Annotated[Optional[Path], typer.Option("--html", dir_okay=False,
+                                                        help="also write one self-contained HTML file")] = None,
+           json: Json = False) -> None:
+    """The analyst report: stage latency and capacity with the bottleneck named, TTFT/TPOT/E2E, cache by
+    domain, routes and cost, rejections, retries, models. Each section is a query in
+    schemas/clickhouse/queries/ (rerun one with `llmpipe sql --file ... --param since=...`)."""
+    from pipeline.report import build_report
+    from pipeline.report_render import print_report, render_html
+
+    s = _settings(data_dir, config, bootstrap)
+    doc = build_report(_query_fn(s), parse_since(since))
+    if html is not None:
+        html.write_text(render_html(doc), encoding="utf-8")
+    if json:
+        _print_json(doc)
+        return
+    print_report(doc, out)
+    if html is not None:
+        out.print(f"HTML report: {html}")
+
+
+
+
+@app.command("cache-eval")
+@command
+def cache_eval(pairs: Annotated[Path, typer.Option("--pairs", exists=True, dir_okay=False, help="labelled JSONL")],
+               data_dir: DataDir = Path(".llmpipe"), config: ConfigFile = None, bootstrap: Bootstrap = None,
+               json: Json = False) -> None:
+    """Precision, recall and false hits of the cache policy on labelled pairs (embedded index)."""
+    import tempfile
+
+    from pipeline.engines.embedder import Embedder
+    from pipeline.stages.cache.eval import evaluate, read_pairs
+    from pipeline.stages.cache.policy import CachePolicy
+    from pipeline.stages.cache.semantic import KEYWORD_FIELDS, NUMERIC_FIELDS, SemanticCache
+    from pipeline.stores.vector_index import open_index
+
+    s = _settings(data_dir, config, bootstrap)
+    spec = next((st for st in s.stages if st.name == "cache"), None)
+    policy = CachePolicy.model_validate(spec.policy if spec else {})
+    try:
+        rows = read_pairs(pairs)
+    except ValueError as exc:
+        raise CliError(str(exc)) from None
+    embedder = Embedder()
+    with tempfile.TemporaryDirectory() as tmp:
+        index = open_index(f"edge:{tmp}", embedder.dim, KEYWORD_FIELDS, NUMERIC_FIELDS)
+        cache = SemanticCache(index, embedder, policy)
+        with Progress(TextColumn("cache-eval"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                      console=err, transient=True) as progress:
+            task = progress.add_task("pairs", total=len(rows))
+            report = evaluate(cache, rows, on_pair=lambda: progress.advance(task))
+        index.close()
+    if not json:
+        t = Table("domain", "pairs", "same", "hits", "precision", "recall", "false hits", "lookup p50 ms", "p95 ms")
+        for name, sc in [*report["by_domain"].items(), ("overall", report["overall"])]:
+            t.add_row(name, str(sc["pairs"]), str(sc["same"]), str(sc["hits"]), str(sc["precision"]),
+                      str(sc["recall"]), str(sc["false_hits"]), str(sc["lookup_ms"]["p50"]), str(sc["lookup_ms"]["p95"]))
+        out.print(t)
+        report = {k: v for k, v in report.items() if k != "pairs"}
+    _print_json(report)
+
+
+
+
+# ---- engineers ---------------------------------------------------------------------------------
+
+
+@app.command()
+@command
+def replay(topic: Annotated[str, typer.Option("--topic", help="registry name (e.g. stage.route) or full name")],
+           stage: Annotated[str, typer.Option("--stage", help="stage whose policy re-decides")],
+           from_offset: Annotated[Optional[str], typer.Option("--from-offset", help="P:O[,P:O...]")] = None,
+           from_time: Annotated[Optional[str], typer.Option("--from-time", help="ISO-8601")] = None,
+           to: Annotated[Optional[str], typer.Option("--to", help="P:O[,P:O...] or ISO-8601, exclusive")] = None,
+           policy: Annotated[Optional[Path], typer.Option("--policy", exists=True, dir_okay=False, help="YAML policy")] = None,
+           shadow: Annotated[bool, typer.Option("--shadow", help="evidence only: nothing reaches callers")] = False,
+           replay_id: Annotated[Optional[str], typer.Option("--replay-id")] = None,
+           idle_ms: Annotated[int, typer.Option("--idle-ms", help="end of range when no --to: idle this long")] = 1500,
+           data_dir: DataDir = Path(".llmpipe"), config: ConfigFile = None, bootstrap: Bootstrap = None,
+           json: Json = False) -> None:
+    """Re-run a stage over a topic range (optionally a new policy, in shadow) and diff its decisions."""
+    from pipeline.replay import RangeSpec, parse_bound, parse_offsets, parse_time_ms
+    from pipeline.replay import replay as run_replay
+
+    if (from_offset is None) == (from_time is None):
+        raise CliError("give exactly one of --from-offset and --from-time")
+    s = _settings(data_dir, config, bootstrap)
+    bs, prefix = _stack_bootstrap(s)
+    s = s.model_copy(update={"topic_prefix": prefix})
+    end_offsets, end_ms = parse_bound(to)
+    rng = RangeSpec(start_offsets=parse_offsets(from_offset) if from_offset else None,
+                    start_ms=parse_time_ms(from_time) if from_time else None, end_offsets=end_offsets, end_ms=end_ms)
+    pol = None
+    if policy is not None:
+        pol = yaml.safe_load(policy.read_text()) or {}
+        if not isinstance(pol, dict):
+            raise CliError(f"{policy}: a policy file is a YAML mapping")
+    report = asyncio.run(run_replay(s, bs, topic=topic, stage=stage, rng=rng, policy=pol, shadow=shadow,
+                                    replay_id=replay_id, query=_query_fn(s), idle_ms=idle_ms))
+    doc = report.as_json()
+    if not json:
+        out.print(f"replay {report.replay_id}: {report.records} records through {stage} "
+                  f"({'shadow' if shadow else 'live'}); {report.compared} compared, {report.changed} changed, "
+                  f"{report.without_original} without original evidence")
+        t = Table("stage", "change", "count")
+        for (st, change), n in report.transitions.most_common():
+            t.add_row(st, change, str(n))
+        for (st, reason), n in report.by_reason.most_common():
+            t.add_row(st, f"reason: {reason}", str(n))
+        out.print(t)
+    _print_json(doc)
+
+
+@app.command()
+@command
+def profile(stage: Annotated[str, typer.Option("--stage", help="the engine stage to profile")] = "generate",
+            seconds: Annotated[float, typer.Option(help="length of the control and of the profiled run")] = 20.0,
+            warmup: Annotated[float, typer.Option(help="warm-up seconds before measuring")] = 10.0,
+            concurrency: Annotated[int, typer.Option(help="closed-loop clients")] = 8,
+            max_tokens: Annotated[int, typer.Option(help="tokens per answer")] = 32,
+            data_dir: DataDir = Path(".llmpipe"), config: ConfigFile = None, json: Json = False) -> None:
+    """A torch-profiler trace of the engine under fixed traffic, its overhead measured against a control
+    run; the run is a `profile_runs` row and the trace lies in DATA_DIR/profiles/<run_id>/."""
+    from pipeline.profiling import PROFILE_COLUMNS, profile_generate
+    from pipeline.stack import running_stack
+    from pipeline.stores.warehouse import is_embedded, open_warehouse
+
+    if stage != "generate":
+        raise CliError(f"profiling runs the engine stage `generate` (torch); {stage!r} is not one")
+    if seconds <= 0 or warmup < 0 or concurrency < 1 or max_tokens < 1:
+        raise CliError("--seconds and --concurrency and --max-tokens must be positive, --warmup not negative")
+    s = _settings(data_dir, config, None)
+    run = asyncio.run(profile_generate(s, seconds=seconds, warmup_s=warmup, concurrency=concurrency,
+                                       max_tokens=max_tokens, say=lambda m: err.print(m)))
+    info = running_stack(s.resolved_data_dir())
+    if is_embedded(s.resolved_warehouse_dsn()) and info is not None:
+        import httpx
+
+        from pipeline.stores.sql_gateway import admin_token_for, auth_headers
+
+        r = httpx.post(f"{info.admin_url}/profile_runs", content=run.model_dump_json(), timeout=60,
+                       headers={"content-type": "application/json", **auth_headers(admin_token_for(s))})
+        if r.status_code != 200:
+            raise CliError(f"the stack did not record the run: {r.text}")
+    else:
+        wh = open_warehouse(s)
+        try:
+            wh.migrate()
+            wh.insert("profile_runs", PROFILE_COLUMNS, [run.row()])
+        finally:
+            wh.close()
+    if json:
+        _print_json(run.model_dump(mode="json"))
+        return
+    t = Table("op", "total ms", "calls", title=f"profile {run.run_id}: top ops in the engine", title_justify="left")
+    for name, ms, calls in run.top_ops:
+        t.add_row(name[:70], str(ms), str(calls))
+    out.print(t)
+    out.print(f"control {run.control['tokens_per_s']} tok/s, profiled {run.profiled['tokens_per_s']} tok/s: "
+              f"profiler overhead {run.overhead_pct}% · trace {run.trace_path}")
+
+
+
+

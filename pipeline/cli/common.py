@@ -1,0 +1,203 @@
+"""What every `llmpipe` command shares: the common options, error handling (one line on stderr, exit
+1), settings loading, finding the running stack's broker, JSON output, publishing control records.
+Every sub-command module of pipeline/cli/ imports these; pipeline/cli/__init__.py assembles the app."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import sys
+from collections.abc import Callable
+from functools import wraps
+from pathlib import Path
+from typing import Annotated, Any, Optional
+
+import orjson
+import typer
+import yaml
+from pydantic import ValidationError
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+from pipeline.config.settings import Settings, load_settings
+
+# a pipe or a CI log gets wide tables, not rich's 80-column default
+out = Console(width=None if sys.stdout.isatty() else int(os.environ.get("COLUMNS", "150")))
+err = Console(stderr=True)
+
+DataDir = Annotated[Path, typer.Option("--data-dir", help="state directory", envvar="LLMPIPE_DATA_DIR")]
+ConfigFile = Annotated[Optional[Path], typer.Option("--config", help="YAML settings (default ./llmpipe.yaml)")]
+Bootstrap = Annotated[Optional[str], typer.Option("--bootstrap", help="HOST:PORT (default: the running stack)")]
+Json = Annotated[bool, typer.Option("--json", help="print one JSON document as the last line")]
+
+EXIT_ERROR = 1
+EXIT_NOT_OK = 2  # the request was answered, but not with status ok
+
+
+class CliError(Exception):
+    pass
+
+
+def _known_errors() -> tuple[type[BaseException], ...]:
+    from pipeline.ingress.client import ClientTimeout
+    from pipeline.replay import ReplayError
+    from pipeline.runtime.broker import BrokerError
+    from pipeline.runtime.errors import TopologyError
+    from pipeline.stack import StackError
+    from pipeline.stores.sql_gateway import SqlError
+    from pipeline.stores.warehouse import WarehouseError
+
+    return (CliError, StackError, BrokerError, TopologyError, SqlError, WarehouseError, ReplayError,
+            ClientTimeout, FileNotFoundError, ValidationError, yaml.YAMLError)
+
+
+def command(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """Known failures end as one line on stderr and exit 1, never as a traceback."""
+
+    @wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return fn(*args, **kwargs)
+        except typer.Exit:
+            raise
+        except _known_errors() as exc:
+            msg = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            if isinstance(exc, ValidationError):
+                msg = f"invalid settings: {exc.errors()[0]['loc']}: {exc.errors()[0]['msg']}"
+            sys.stderr.write(f"error: {msg}\n")
+            raise typer.Exit(EXIT_ERROR) from None
+        except KeyboardInterrupt:
+            raise typer.Exit(130) from None
+
+    return wrapper
+
+
+def _settings(data_dir: Path, config: Path | None, bootstrap: str | None = None, **extra: Any) -> Settings:
+    s = load_settings(config, bootstrap=bootstrap, **extra)
+    # --data-dir wins over the file unless left at its default
+    if data_dir != Path(".llmpipe") or "data_dir" not in s.model_fields_set:
+        s = s.model_copy(update={"data_dir": data_dir})
+    logging.basicConfig(level=s.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr)
+    logging.getLogger("aiokafka").setLevel(logging.WARNING)
+    logging.getLogger("httpx").setLevel(logging.WARNING)
+    logging.getLogger("presidio-analyzer").setLevel(logging.WARNING)
+    return s
+
+
+def _stack_bootstrap(s: Settings) -> tuple[str, str]:
+    """(bootstrap, topic prefix): explicit settings first, then the running embedded stack."""
+    from pipeline.stack import running_stack
+
+    if s.bootstrap:
+        return s.bootstrap, s.topic_prefix
+    info = running_stack(s.resolved_data_dir())
+    if info is None:
+        raise CliError(f"no broker: no stack is running for {s.resolved_data_dir()} (llmpipe up) and no --bootstrap")
+    return info.bootstrap, info.topic_prefix
+
+
+def _print_json(doc: Any) -> None:
+    sys.stdout.write(orjson.dumps(doc, default=str).decode() + "\n")
+    sys.stdout.flush()
+
+
+def _publish_control(bootstrap: str, prefix: str, records: list[tuple[str, Any]], topic: str = "control",
+                     client_kwargs: dict[str, Any] | None = None) -> None:
+    """Publish (key, record) pairs on `control` (or another registry topic), in order, acknowledged."""
+    from aiokafka import AIOKafkaProducer
+
+    from pipeline.runtime.codec import encode
+    from pipeline.runtime.topics import TopicNames
+
+    async def run() -> None:
+        p = AIOKafkaProducer(bootstrap_servers=bootstrap, acks="all", enable_idempotence=False, **(client_kwargs or {}))
+        await p.start()
+        try:
+            for key, record in records:
+                await p.send_and_wait(TopicNames(prefix)(topic), encode(record), key=key.encode())
+        finally:
+            await p.stop()
+
+    asyncio.run(run())
+
+
+def _query_fn(s: Settings) -> Callable[[str, dict[str, Any]], Any]:
+    """Route SQL to the owner of the warehouse: the running stack's admin endpoint, or directly."""
+    from pipeline.stack import running_stack
+    from pipeline.stores.sql_gateway import admin_token_for, analyst_query, query_via_admin
+    from pipeline.stores.warehouse import Warehouse, is_embedded, open_warehouse
+
+    dsn = s.resolved_warehouse_dsn()
+    info = running_stack(s.resolved_data_dir())
+    if is_embedded(dsn) and info is not None:
+        token = admin_token_for(s)
+        return lambda q, p: query_via_admin(info.admin_url, q, p, token=token)
+    wh: list[Warehouse] = []
+
+    def direct(q: str, p: dict[str, Any]) -> Any:
+        if not wh:
+            wh.append(open_warehouse(s))
+            wh[0].migrate()
+        return analyst_query(wh[0], q, p)  # the pre-check, then readonly=1, as /sql does
+
+    return direct
+
+
+
+def parse_since(text: str) -> "datetime":
+    from datetime import datetime, timedelta, timezone
+
+    try:
+        return datetime.now(timezone.utc) - timedelta(milliseconds=parse_duration_ms(text))
+    except CliError:
+        pass
+    try:
+        t = datetime.fromisoformat(text)
+    except ValueError:
+        raise CliError(f"--since: expected a duration (30m, 2h, 7d) or an ISO time, got {text!r}") from None
+    return t if t.tzinfo else t.replace(tzinfo=timezone.utc)
+
+
+
+def parse_duration_ms(text: str) -> int:
+    import re
+
+    m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d)\s*", text)
+    if not m:
+        raise CliError(f"expected a duration like 90s, 30m, 2h or 7d, got {text!r}")
+    return int(float(m.group(1)) * {"ms": 1, "s": 1000, "m": 60_000, "h": 3_600_000, "d": 86_400_000}[m.group(2)])
+
+
+def _caller_key(s: Settings, api_key: str | None, tenant: str | None = None) -> str | None:
+    """--api-key, else the development key `llmpipe up` made in the data dir (not when a tenant is
+    named: a trusted producer's request carries no key)."""
+    from pipeline.dev_key import read_dev_key
+
+    return api_key if api_key or tenant else read_dev_key(s.resolved_data_dir())
+
+
+def _send_lines(s: Settings, file: Path, label: str, **run_load_args: Any) -> Any:
+    """A JSONL file through `run_load` with a progress bar; invalid lines are reported on stderr.
+    `to_doc`, if given, takes the started client and a line (`rollouts submit` builds rollouts)."""
+    from pipeline.ingress.client import Client
+    from pipeline.ingress.load import read_traffic, run_load
+
+    bs, prefix = _stack_bootstrap(s)
+    lines, bad = read_traffic(file)
+    make_doc = run_load_args.pop("to_doc", None)
+
+    async def run() -> Any:
+        with Progress(TextColumn(label), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                      console=err, transient=True) as progress:
+            task = progress.add_task(label, total=len(lines))
+            async with Client(bs, topic_prefix=prefix, security=s.kafka) as client:
+                to_doc = (lambda line: make_doc(client, line)) if make_doc else None
+                return await run_load(client, lines, on_done=lambda: progress.advance(task), to_doc=to_doc,
+                                      **run_load_args)
+
+    summary = asyncio.run(run())
+    summary.invalid_lines = bad + summary.invalid_lines
+    for inv in summary.invalid_lines[:20]:
+        err.print(f"line {inv.line_no}: {inv.reason}", markup=False, highlight=False)
+    return summary

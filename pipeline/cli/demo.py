@@ -1,0 +1,108 @@
+"""`llmpipe demo`: the bundled traffic through the front door on a fresh stack, then the report."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+from typing import Annotated
+
+import typer
+import yaml
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from pipeline.cli.app import app
+from pipeline.cli.common import (
+    DataDir,
+    Json,
+    _print_json,
+    _query_fn,
+    _settings,
+    command,
+    out,
+    parse_since,
+)
+
+
+@app.command()
+@command
+def demo(data_dir: DataDir = Path(".llmpipe/demo"),
+         config: Annotated[Path, typer.Option("--config", exists=True, dir_okay=False,
+                                              help="the demo's settings (tenants get keys per run)")] = Path("examples/demo.yaml"),
+         traffic: Annotated[Path, typer.Option("--traffic", exists=True, dir_okay=False,
+                                               help="demo traffic JSONL")] = Path("examples/demo_traffic.jsonl"),
+         rate: Annotated[float, typer.Option(help="requests per second offered")] = 2.5,
+         concurrency: Annotated[int, typer.Option(help="requests in flight at most")] = 48,
+         json: Json = False) -> None:
+    """Start the embedded stack, send the bundled traffic through the front door, print the report, stop."""
+    import time as _time
+
+    from pipeline.demo import (
+        MEANING,
+        DemoImageServer,
+        demo_config,
+        demo_tenants,
+        read_demo_traffic,
+        send_traffic,
+        status_summary,
+    )
+    from pipeline.registries.tenants import new_api_key
+    from pipeline.report import build_report
+    from pipeline.report_render import print_report, render_html
+    from pipeline.stack import StackError, running_stack, start_detached, stop_stack
+
+    d = data_dir.expanduser().resolve()
+    if running_stack(d):
+        raise StackError(f"a stack is already running for {d} (llmpipe down --data-dir {d} first)")
+    lines = read_demo_traffic(traffic)
+    d.mkdir(parents=True, exist_ok=True)
+    images = DemoImageServer().start()
+    t0 = _time.monotonic()
+    since = parse_since("1s")  # the report covers this run only
+    try:
+        keys = {t: new_api_key() for t in demo_tenants(config)}  # a tenant not configured gets 401: "nobody"
+        cfg = demo_config(config, keys, images.port)
+        cfg_file = d / "demo-config.yaml"
+        cfg_file.write_text(yaml.safe_dump(cfg, allow_unicode=True))
+        with out.status("starting the stack: broker, warehouse, 8 stage workers, vLLM (about a minute)..."):
+            info = start_detached(["up", "--processes", "--data-dir", str(d), "--config", str(cfg_file)], d,
+                                  timeout_s=600)
+        out.print(f"stack up in {_time.monotonic() - t0:.0f}s; front door {info.http_url}")
+        with Progress(TextColumn("sending demo traffic"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                      console=out, disable=json) as progress:
+            task = progress.add_task("send", total=len(lines))
+            run = asyncio.run(send_traffic(lines, info.http_url, keys, images.base_url, rate=rate,
+                                           concurrency=concurrency, on_done=lambda: progress.advance(task)))
+        s = _settings(d, None, None)
+        query = _query_fn(s)
+        expected = run.reached_pipeline()
+        deadline = _time.monotonic() + 90
+        while _time.monotonic() < deadline:  # the sink writes in batches
+            if query("SELECT count() FROM requests FINAL", {}).rows[0][0] >= expected:
+                break
+            _time.sleep(1)
+        doc = build_report(query, since)
+        (d / "report.html").write_text(render_html(doc), encoding="utf-8")
+        summary = run.summary(round(_time.monotonic() - t0, 1), doc, d / "report.html")
+        cats = run.by_category()
+        if json:
+            _print_json(summary)
+            return
+        print_report(doc, out)
+        t = Table("traffic", "sent", "answers (HTTP status×count, codes)", "cache hits", "what it shows",
+                  title="What the demo sent", title_justify="left")
+        for name, c in sorted(cats.items(), key=lambda kv: -kv[1]["requests"]):
+            t.add_row(name, str(c["requests"]), status_summary(c), str(c["cache_hits"]), MEANING.get(name, ""))
+        out.print(t)
+        out.print(f"{len(run.sent)} requests in {summary['seconds']}s including start-up; ok latency "
+                  f"p50 {summary['latency_ok_ms']['p50']} ms, p95 {summary['latency_ok_ms']['p95']} ms. "
+                  f"HTML report: {d / 'report.html'}")
+    finally:
+        images.stop()
+        if running_stack(d):
+            with out.status("stopping the stack..."):
+                stop_stack(d)
+
+
+
+

@@ -1,0 +1,100 @@
+"""RL rollouts: submit prompts for n scored samples, export them for a trainer."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+
+from pipeline.cli.app import rollouts_app
+from pipeline.cli.common import (
+    Bootstrap,
+    CliError,
+    ConfigFile,
+    DataDir,
+    Json,
+    _caller_key,
+    _print_json,
+    _query_fn,
+    _send_lines,
+    _settings,
+    command,
+    out,
+)
+
+
+@rollouts_app.command("submit")
+@command
+def rollouts_submit(file: Annotated[Path, typer.Option("--file", exists=True, dir_okay=False, help="JSONL of prompts")],
+                    n: Annotated[int, typer.Option("--n", min=1, max=64, help="samples per prompt")] = 4,
+                    actor_revision: Annotated[Optional[str], typer.Option(
+                        "--actor-revision", help="sample only from this actor revision (refused otherwise)")] = None,
+                    dataset_revision: Annotated[str, typer.Option("--dataset-revision")] = "",
+                    temperature: Annotated[float, typer.Option("--temperature", min=0)] = 1.0,
+                    top_p: Annotated[float, typer.Option("--top-p", min=0, max=1)] = 1.0,
+                    max_tokens: Annotated[int, typer.Option("--max-tokens", min=1)] = 64,
+                    seed: Annotated[Optional[int], typer.Option("--seed", help="sample i of a prompt uses seed + i")] = None,
+                    verifier: Annotated[Optional[str], typer.Option(
+                        "--verifier", help="exact_match (line field `expected`), regex (`pattern`), python:mod:fn")] = None,
+                    reward: Annotated[Optional[str], typer.Option("--reward", help="verified | length_penalty | python:mod:fn")] = None,
+                    reward_arg: Annotated[Optional[list[str]], typer.Option("--reward-arg", help="NAME=NUMBER; repeatable")] = None,
+                    concurrency: Annotated[int, typer.Option("--concurrency", min=1)] = 8,
+                    api_key: Annotated[Optional[str], typer.Option("--api-key", envvar="LLMPIPE_API_KEY")] = None,
+                    timeout: Annotated[float, typer.Option("--timeout")] = 300.0,
+                    data_dir: DataDir = Path(".llmpipe"), config: ConfigFile = None, bootstrap: Bootstrap = None,
+                    json: Json = False) -> None:
+    """Send every prompt as a `rollout` request; print what came back (samples, scores, actor revisions)."""
+    from pipeline.rollouts import RolloutOptions, SampleTally, rollout_doc
+
+    args = {}
+    for a in reward_arg or []:
+        name, eq, value = a.partition("=")
+        try:
+            if not eq or not name.isidentifier():
+                raise ValueError
+            args[name] = float(value)
+        except ValueError:
+            raise CliError(f"--reward-arg: expected NAME=NUMBER, got {a!r}") from None
+    s = _settings(data_dir, config, bootstrap)
+    opts = RolloutOptions(n=n, actor_revision=actor_revision, dataset_revision=dataset_revision,
+                          temperature=temperature, top_p=top_p, max_tokens=max_tokens, seed=seed, verifier=verifier,
+                          reward=reward, reward_args=args, timeout_s=timeout, api_key=_caller_key(s, api_key))
+    tally = SampleTally()
+    summary = _send_lines(s, file, "rollouts", rate=None, concurrency=concurrency,
+                          timeout_s=timeout, to_doc=lambda client, line: rollout_doc(client, line, opts),
+                          on_response=tally.add)
+    doc = {**summary.as_json(), **tally.as_json(), "run_id": opts.run_id}
+    if not json:
+        out.print(f"{doc['sent']} prompts: {doc['by_status']}; {doc['samples']} samples, {doc['verified']} verified, "
+                  f"mean score {doc['mean_score']}; actor revisions {doc['actor_revisions']}")
+    _print_json(doc)
+
+
+@rollouts_app.command("export")
+@command
+def rollouts_export(out_file: Annotated[Path, typer.Option("--out", help="the file to write")],
+                    format: Annotated[str, typer.Option("--format", help="parquet | jsonl")] = "parquet",
+                    actor_revision: Annotated[Optional[str], typer.Option("--actor-revision")] = None,
+                    dataset_revision: Annotated[Optional[str], typer.Option("--dataset-revision")] = None,
+                    include_rejected: Annotated[bool, typer.Option(
+                        "--include-rejected", help="also samples of rolled-back actor revisions (column `rejected`)")] = False,
+                    data_dir: DataDir = Path(".llmpipe"), config: ConfigFile = None, bootstrap: Bootstrap = None,
+                    json: Json = False) -> None:
+    """Write training-ready samples (the `training_samples` view: ids, logprobs, score, advantage)."""
+    from pipeline.rollouts import EXPORT_FORMATS, export_rows, write_export
+
+    if format not in EXPORT_FORMATS:
+        raise CliError(f"--format must be one of {', '.join(EXPORT_FORMATS)}")
+    s = _settings(data_dir, config, bootstrap)
+    columns, rows = export_rows(_query_fn(s), actor_revision, dataset_revision, include_rejected)
+    write_export(columns, rows, out_file, format)
+    doc = {"rows": len(rows), "groups": len({r[columns.index("group_id")] for r in rows}), "path": str(out_file),
+           "format": format}
+    if not json:
+        out.print(f"wrote {doc['rows']} samples in {doc['groups']} groups to {out_file}")
+    _print_json(doc)
+
+
+
+

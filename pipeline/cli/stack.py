@@ -1,0 +1,235 @@
+"""Run the stack: the embedded broker, topics, `up`/`down`/`status`, the front door, one worker."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import sys
+from pathlib import Path
+from typing import Annotated, Optional
+
+import orjson
+import typer
+
+from pipeline.cli.app import app, topics_app
+from pipeline.cli.common import (
+    Bootstrap,
+    CliError,
+    ConfigFile,
+    DataDir,
+    Json,
+    _print_json,
+    _settings,
+    _stack_bootstrap,
+    command,
+    out,
+)
+from pipeline.config.settings import MAX_IMAGE_PIXELS, Settings
+
+# ---- infrastructure ----------------------------------------------------------------------------
+
+
+@app.command()
+@command
+def broker(data_dir: DataDir = Path(".llmpipe"), config: ConfigFile = None, bootstrap: Bootstrap = None,
+           port: Annotated[int, typer.Option(help="0 = a free port")] = 0, json: Json = False) -> None:
+    """Run the embedded Kafka-protocol broker (Tansu) in the foreground until Ctrl-C."""
+    from pipeline.runtime.broker import EmbeddedBroker
+
+    s = _settings(data_dir, config, bootstrap)
+
+    async def run() -> None:
+        b = await EmbeddedBroker(s.resolved_data_dir(), port or s.broker_port).start()
+        try:
+            if json:
+                _print_json({"bootstrap": b.bootstrap, "log": str(b.log_path), "pid": b.proc.pid if b.proc else None})
+            else:
+                out.print(f"broker ready on {b.bootstrap} (log: {b.log_path}); Ctrl-C stops it")
+            stop = asyncio.Event()
+            loop = asyncio.get_running_loop()
+            import signal
+
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                loop.add_signal_handler(sig, stop.set)
+            await stop.wait()
+        finally:
+            b.stop()
+
+    asyncio.run(run())
+
+
+@topics_app.command("apply")
+@command
+def topics_apply(data_dir: DataDir = Path(".llmpipe"), config: ConfigFile = None, bootstrap: Bootstrap = None,
+                 json: Json = False) -> None:
+    """Create every registry topic that is missing (idempotent)."""
+    from pipeline.runtime.topics import apply_topics
+    from pipeline.runtime.topology import Topology
+
+    s = _settings(data_dir, config, bootstrap)
+    bs, prefix = _stack_bootstrap(s)
+    res = asyncio.run(apply_topics(bs, prefix, Topology(s).topic_registry(), s.kafka.client_kwargs()))
+    if json:
+        _print_json({"created": res.created, "existing": res.existing})
+    else:
+        out.print(f"created {len(res.created)} topics, {len(res.existing)} already existed")
+
+
+@app.command()
+@command
+def up(data_dir: DataDir = Path(".llmpipe"), config: ConfigFile = None, bootstrap: Bootstrap = None,
+       detach: Annotated[bool, typer.Option(help="return once the stack is ready")] = False,
+       processes: Annotated[bool, typer.Option(help="one process per stage group")] = False,
+       json: Json = False) -> None:
+    """Start the embedded stack: broker, topics, warehouse sink, every configured stage."""
+    from pipeline.dev_key import read_dev_key
+    from pipeline.stack import StackError, run_stack, running_stack, start_detached
+
+    s = _settings(data_dir, config, bootstrap)
+    if detach:
+        if running_stack(s.resolved_data_dir()):
+            raise StackError(f"a stack is already running for {s.resolved_data_dir()} (llmpipe down first)")
+        argv = ["up", "--data-dir", str(s.resolved_data_dir())]
+        if config:
+            argv += ["--config", str(config.resolve())]
+        if bootstrap:
+            argv += ["--bootstrap", bootstrap]
+        if processes:
+            argv.append("--processes")
+        info = start_detached(argv, s.resolved_data_dir())
+        dev_key = read_dev_key(s.resolved_data_dir()) if info.dev_key_new else None  # shown once, by this start
+        if json:
+            _print_json({**info.__dict__, **({"dev_api_key": dev_key} if dev_key else {})})
+        else:
+            out.print(f"stack ready: broker {info.bootstrap}, front door {info.http_url}, admin {info.admin_url}, "
+                      f"stages {info.stages or 'none'}")
+            if dev_key:
+                _announce_dev_key(s, dev_key)
+        return
+    asyncio.run(run_stack(s, processes=processes, on_ready=lambda info: _announce_dev_key(
+        s, read_dev_key(s.resolved_data_dir()) if info.dev_key_new and sys.stdout.isatty() else None)))
+
+
+def _announce_dev_key(s: Settings, key: str | None) -> None:
+    """The development key, once; a foreground `up` writing to a file (a log) names only the file."""
+    from pipeline.dev_key import dev_key_path
+
+    where = dev_key_path(s.resolved_data_dir())
+    if key:
+        out.print(f"development tenant {s.auth.dev_tenant!r}: API key {key} (shown once; also in {where}, mode 0600)",
+                  markup=False, highlight=False)
+    elif s.auth.required and s.auth.dev_tenant:
+        out.print(f"development tenant {s.auth.dev_tenant!r}: its API key is in {where}", markup=False, highlight=False)
+
+
+@app.command()
+@command
+def serve(data_dir: DataDir = Path(".llmpipe"), config: ConfigFile = None, bootstrap: Bootstrap = None,
+          host: Annotated[Optional[str], typer.Option(help="listen address (default: settings http.host)")] = None,
+          port: Annotated[Optional[int], typer.Option(help="listen port (default: settings http.port)")] = None) -> None:
+    """Run the OpenAI-compatible front door against a broker (`llmpipe up` runs one itself)."""
+    import signal
+
+    from pipeline.ingress.http import FrontDoor, HttpServer
+    from pipeline.runtime.metrics import serve_metrics
+
+    s = _settings(data_dir, config, bootstrap)
+    boot, prefix = _stack_bootstrap(s)
+    s = s.model_copy(update={"topic_prefix": prefix})
+
+    async def run() -> None:
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, stop.set)
+        if s.metrics_port is not None:
+            serve_metrics(s.metrics_port, s.metrics_host)
+        server = await HttpServer(FrontDoor(s, boot), host or s.http.host,
+                                  s.http.port if port is None else port).start()
+        out.print(f"front door on {server.url}")
+        try:
+            await stop.wait()
+        finally:
+            await server.stop()
+
+    asyncio.run(run())
+
+
+@app.command()
+@command
+def down(data_dir: DataDir = Path(".llmpipe"), config: ConfigFile = None, bootstrap: Bootstrap = None,
+         json: Json = False) -> None:
+    """Stop the stack started by `llmpipe up --detach` (drains workers first)."""
+    from pipeline.stack import stop_stack
+
+    s = _settings(data_dir, config, bootstrap)
+    info = stop_stack(s.resolved_data_dir())
+    if json:
+        _print_json({"stopped": info is not None})
+    else:
+        out.print("stack stopped" if info else "no stack was running")
+
+
+@app.command()
+@command
+def worker(stage: Annotated[str, typer.Argument(help="stage name from the topology, or `sink`")],
+           data_dir: DataDir = Path(".llmpipe"), config: ConfigFile = None, bootstrap: Bootstrap = None,
+           admin_port: Annotated[int, typer.Option(help="sink only: admin/SQL port (0 = free)")] = 0,
+           ready_file: Annotated[Optional[Path], typer.Option(help="touched once the worker consumes")] = None) -> None:
+    """Run one stage group's worker against any broker (scale out by running more)."""
+    # OpenCV reads its pixel cap once, at import: set it before any stage can import cv2
+    os.environ.setdefault("OPENCV_IO_MAX_IMAGE_PIXELS", str(MAX_IMAGE_PIXELS))
+    from pipeline.runtime.launch import run_until_signalled, sink_worker, stage_worker
+    from pipeline.runtime.metrics import serve_metrics
+    from pipeline.runtime.topology import Topology
+    from pipeline.stores.sql_gateway import AdminServer, admin_token_for
+    from pipeline.stores.warehouse import open_warehouse
+    from pipeline.stores.warehouse_sink import SINK_STAGE
+
+    s = _settings(data_dir, config, bootstrap)
+    bs, _ = _stack_bootstrap(s)
+    if s.metrics_port is not None:
+        port = serve_metrics(s.metrics_port, s.metrics_host)
+        logging.getLogger(__name__).info("metrics on http://127.0.0.1:%d/metrics", port)
+
+    def ready() -> None:
+        if ready_file is not None:
+            ready_file.parent.mkdir(parents=True, exist_ok=True)
+            ready_file.touch()
+
+    async def run() -> None:
+        if stage != SINK_STAGE:
+            await run_until_signalled([stage_worker(s, Topology(s), stage, bs)], on_started=ready)
+            return
+        wh = open_warehouse(s)
+        admin = await AdminServer(wh, admin_port or s.admin_port, admin_token_for(s)).start()
+        try:
+            await run_until_signalled([sink_worker(s, bs, wh)], on_started=ready)
+        finally:
+            await admin.stop()
+            wh.close()
+
+    asyncio.run(run())
+
+
+
+
+@app.command()
+@command
+def status(data_dir: DataDir = Path(".llmpipe"), config: ConfigFile = None, bootstrap: Bootstrap = None,
+           json: Json = False) -> None:
+    """Show the running stack (stack.json), if any."""
+    from pipeline.stack import running_stack
+
+    s = _settings(data_dir, config, bootstrap)
+    info = running_stack(s.resolved_data_dir())
+    if info is None:
+        raise CliError(f"no stack is running for {s.resolved_data_dir()}")
+    if json:
+        _print_json(info.__dict__)
+    else:
+        out.print_json(orjson.dumps(info.__dict__).decode())
+
+
+

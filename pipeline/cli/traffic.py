@@ -1,0 +1,131 @@
+"""Send requests: submit one, load a traffic file, try the masker on a sample."""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+from pathlib import Path
+from typing import Annotated, Any, Optional
+
+import typer
+
+from pipeline.cli.app import app
+from pipeline.cli.common import (
+    EXIT_NOT_OK,
+    Bootstrap,
+    ConfigFile,
+    DataDir,
+    Json,
+    _caller_key,
+    _print_json,
+    _send_lines,
+    _settings,
+    _stack_bootstrap,
+    command,
+    out,
+)
+
+# ---- callers -----------------------------------------------------------------------------------
+
+
+def _image_arg(value: str) -> str:
+    """A local file becomes a data URL (media sniffs the real type from the bytes); anything else is a URL."""
+    import base64
+    import mimetypes
+
+    path = Path(value).expanduser()
+    if "://" in value or value.startswith("data:") or not path.is_file():
+        return value
+    mime = mimetypes.guess_type(path.name)[0] or "application/octet-stream"
+    return f"data:{mime};base64,{base64.b64encode(path.read_bytes()).decode()}"
+
+
+@app.command()
+@command
+def submit(prompt: Annotated[str, typer.Option("--prompt", help="the user message")],
+           image: Annotated[Optional[list[str]], typer.Option(
+               "--image", help="image URL or local file (sent inline as a data URL); repeatable")] = None,
+           api_key: Annotated[Optional[str], typer.Option("--api-key", envvar="LLMPIPE_API_KEY")] = None,
+           model: Annotated[Optional[str], typer.Option("--model")] = None,
+           max_tokens: Annotated[Optional[int], typer.Option("--max-tokens")] = None,
+           seed: Annotated[Optional[int], typer.Option("--seed")] = None,
+           idempotency_key: Annotated[Optional[str], typer.Option("--idempotency-key")] = None,
+           tenant: Annotated[Optional[str], typer.Option("--tenant", help="tenant id (tests; keys map to tenants)")] = None,
+           timeout: Annotated[float, typer.Option("--timeout", help="seconds to wait (also the deadline)")] = 60.0,
+           data_dir: DataDir = Path(".llmpipe"), config: ConfigFile = None, bootstrap: Bootstrap = None,
+           json: Json = False) -> None:
+    """Send one request and print its terminal answer (exit 2 when the status is not ok)."""
+    from pipeline.contracts.request import ChatBody, ChatMessage
+    from pipeline.ingress.client import Client
+
+    s = _settings(data_dir, config, bootstrap)
+    bs, prefix = _stack_bootstrap(s)
+    body = ChatBody(messages=[ChatMessage(role="user", content=prompt)], model=model, max_tokens=max_tokens,
+                    seed=seed, images=[_image_arg(i) for i in image or []])
+
+    async def run() -> Any:
+        async with Client(bs, topic_prefix=prefix, security=s.kafka) as client:
+            doc = client.build(body=body, timeout_s=timeout, api_key=_caller_key(s, api_key, tenant),
+                               idempotency_key=idempotency_key, tenant_id=tenant)
+            return await client.request(doc, timeout + 5)
+
+    resp = asyncio.run(run())
+    answer = {k: v for k, v in resp.model_dump(mode="json").items() if k in {
+        "request_id", "status", "text", "error_class", "reason", "route", "model", "adapter", "cache", "usage", "timings"}}
+    if json:
+        _print_json(answer)
+    else:
+        out.print(f"[bold]{resp.status.value}[/] {resp.request_id}")
+        if resp.text is not None:
+            out.print(resp.text, markup=False, highlight=False)
+    if resp.status.value != "ok":
+        sys.stderr.write(f"{resp.status.value}: {resp.error_class}: {resp.reason}\n")
+        raise typer.Exit(EXIT_NOT_OK)
+
+
+@app.command()
+@command
+def load(file: Annotated[Path, typer.Option("--file", exists=True, dir_okay=False, help="JSONL of chat bodies")],
+         rate: Annotated[Optional[float], typer.Option("--rate", help="requests per second (default: as fast as allowed)")] = None,
+         concurrency: Annotated[int, typer.Option("--concurrency", min=1)] = 32,
+         api_key: Annotated[Optional[str], typer.Option("--api-key", envvar="LLMPIPE_API_KEY")] = None,
+         timeout: Annotated[float, typer.Option("--timeout")] = 120.0,
+         data_dir: DataDir = Path(".llmpipe"), config: ConfigFile = None, bootstrap: Bootstrap = None,
+         json: Json = False) -> None:
+    """Send a traffic file and print {sent, by_status, by_error_class, latency_ms}."""
+    s = _settings(data_dir, config, bootstrap)
+    summary = _send_lines(s, file, "load", rate=rate, concurrency=concurrency, timeout_s=timeout,
+                          api_key=_caller_key(s, api_key))
+    doc = summary.as_json()
+    if not json:
+        out.print(f"sent {doc['sent']}: {doc['by_status']} latency {doc['latency_ms']}")
+    _print_json(doc)
+
+
+@app.command()
+@command
+def mask(text: Annotated[str, typer.Option("--text", help="a sample to mask")],
+         tenant: Annotated[Optional[str], typer.Option("--tenant", help="apply this tenant's overrides")] = None,
+         data_dir: DataDir = Path(".llmpipe"), config: ConfigFile = None, bootstrap: Bootstrap = None,
+         json: Json = False) -> None:
+    """Mask a sample with the configured policy: the masked text and entity types (never the mapping)."""
+    from pipeline.stages.mask.stage import MaskStagePolicy
+
+    s = _settings(data_dir, config, bootstrap)
+    spec = next((st for st in s.stages if st.name == "mask"), None)
+    policy = MaskStagePolicy.model_validate(spec.policy if spec else {})
+    from pipeline.stages.mask.pii import Masker
+
+    masker = Masker(policy.for_tenant(tenant))
+    result = masker.mask([text])
+    doc = {"masked_text": result.texts[0], "entities": dict(result.counts), "policy_version": policy.version,
+           "engine_revision": masker.revision}
+    if json:
+        _print_json(doc)
+    else:
+        out.print(result.texts[0], markup=False, highlight=False)
+        out.print(", ".join(f"{k}: {v}" for k, v in sorted(result.counts.items())) or "no entities found")
+
+
+
+

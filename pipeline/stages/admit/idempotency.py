@@ -1,0 +1,98 @@
+"""Idempotency keys: the first request with a key claims it; duplicates get its result (at once if
+known, else parked and answered when it arrives), or `in_progress` when they cannot wait."""
+
+from __future__ import annotations
+
+import hashlib
+import heapq
+
+from pipeline.contracts import RequestDoc, Response, Status
+from pipeline.contracts.admit import IdempotencyRecord
+from pipeline.runtime.stage import Outcome, SideRecord
+
+
+def key_digest(idempotency_key: str, principal: str | None = None) -> str:
+    """A claim's identity: the key as the authenticated principal used it. Two principals of one
+    tenant who pick the same key never see each other's answer (claims are per tenant already)."""
+    return hashlib.sha256(f"{principal or ''}\x00{idempotency_key}".encode()).hexdigest()[:32]
+
+
+# An idempotency claim in memory is its changelog record (mutable: state, response and waiters change).
+Claim = IdempotencyRecord
+
+
+def _claim_ad(c: Claim) -> str:
+    """What a sealed result is bound to: it opens only as this tenant's claim of this key."""
+    return f"{c.tenant}/{c.key_digest}/{c.request_id}"
+
+
+class Idempotency:
+    """The idempotency half of AdmitStage: claims, duplicates and their answers."""
+
+    # claims ---------------------------------------------------------------------------
+
+    def _remember(self, c: Claim) -> None:
+        self.claims[c.tenant][c.key_digest] = c
+        if c.state == "in_progress":
+            self.claim_of[c.request_id] = c
+        heapq.heappush(self._claim_expiry, (c.expires_ms, c.tenant, c.key_digest))
+
+    def _expire_claims(self, now: int) -> list[SideRecord]:
+        out = []
+        while self._claim_expiry and self._claim_expiry[0][0] <= now:
+            _, tenant, digest = heapq.heappop(self._claim_expiry)
+            c = self.claims.get(tenant, {}).get(digest)
+            if c is not None and c.expires_ms <= now and c.state == "done":
+                del self.claims[tenant][digest]
+                out.append(self._claim(c, gone=True))
+        return out
+
+    def _duplicate(self, waiter: RequestDoc, c: Claim, resp: Response, decision: str) -> Outcome:
+        answer = resp.model_copy(update={"duplicate_of": c.request_id})
+        ev = self.evidence(waiter, decision, f"idempotency key of {c.request_id}: its result ({resp.status.value})")
+        return Outcome.answer(waiter, answer, ev)
+
+    def _resolve(self, c: Claim, resp: Response, decision: str) -> tuple[list[Outcome], list[SideRecord]]:
+        """The claim's owner ended: keep its result for the window and answer every parked duplicate."""
+        self.claim_of.pop(c.request_id, None)
+        c.state, c.response = "done", resp
+        waiters, c.waiters = c.waiters, []
+        return [self._duplicate(w, c, resp, decision) for w in waiters], [self._claim(c)]
+
+    def _abandon(self, c: Claim, resp: Response) -> tuple[list[Outcome], list[SideRecord]]:
+        """The owner did not run (rejected here): the key is free again; parked duplicates get the same answer."""
+        self.claim_of.pop(c.request_id, None)
+        self.claims[c.tenant].pop(c.key_digest, None)
+        return [self._duplicate(w, c, resp, "duplicate_answered") for w in c.waiters], [self._claim(c, gone=True)]
+
+    def _idempotency(self, doc: RequestDoc, tenant: str, now: int) -> Outcome | Claim:
+        """Claim the request's key, or decide for a duplicate: the original's result, park, or in_progress."""
+        assert doc.idempotency_key is not None
+        digest = key_digest(doc.idempotency_key, doc.principal)
+        c = self.claims[tenant].get(digest)
+        if c is not None and c.state == "done" and c.expires_ms <= now:
+            c = None  # past the window: a new execution
+        if c is None:
+            c = Claim(tenant=tenant, key_digest=digest, request_id=doc.request_id, state="in_progress", at_ms=now,
+                      expires_ms=now + self._window_ms(tenant))
+            self._remember(c)
+            return c
+        if c.request_id == doc.request_id:
+            return c  # the owner itself, redelivered
+        if c.state == "done":
+            assert c.response is not None
+            return self._duplicate(doc, c, c.response, "duplicate_replayed")
+        if any(w.request_id == doc.request_id for w in c.waiters):
+            return Outcome.park(doc, [self._claim(c)], self.evidence(doc, "duplicate_parked", "redelivered"))
+        if (doc.deadline_ms is None or doc.deadline_ms > now) and len(c.waiters) < self.policy.max_duplicate_waiters:
+            c.waiters.append(doc)
+            return Outcome.park(doc, [self._claim(c)],
+                                self.evidence(doc, "duplicate_parked", f"waits for {c.request_id} (same idempotency key)"))
+        resp = Response(request_id=doc.request_id, status=Status.rejected, error_class="in_progress",
+                        reason=f"a request with this idempotency key ({c.request_id}) is still running",
+                        retry_after_ms=1000, answered_by=self.name)
+        return Outcome.answer(doc, resp, self.evidence(doc, "rejected", f"in_progress: duplicate of {c.request_id}"))
+
+    def _window_ms(self, tenant: str) -> int:
+        limits = self.registry.limits_for(tenant)
+        return limits.idempotency_window_s * 1000

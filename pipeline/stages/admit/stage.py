@@ -1,0 +1,325 @@
+"""admit: the gateway's limits, after route has said where a request may run (and so what it may
+cost). Its topic is keyed by tenant, so exactly one worker decides for a tenant: RPM, TPM and
+concurrency are exact, and budgets reserve each request's worst-case cost before it runs and
+settle the real cost when it ends (completions arrive on `admit.release`, a side input keyed by
+tenant, so they reach the same worker). A request that cannot run yet waits in its tenant's
+bounded queue while its deadline allows, or is rejected with a reason and a retry-after.
+
+Deployments may have limits too: a tenant's own per deployment, and global ones, of which each
+admit partition owns an equal share (shares sum to the limit, so no coordination is needed to
+never exceed it). A request is admitted on the first deployment in route's order with room.
+
+Idempotency keys: the first request with a key claims it; duplicates get its result (at once if
+known, else parked and answered when it arrives on `admit.release`), or `in_progress` when they
+cannot wait.
+
+Every state change is written to `admit.state` (partition = the tenant's admit partition, produced
+with the decision's outputs, so before its input offset is committed) and restored when a worker
+is assigned the partition, before any of its records is processed.
+
+Decisions in policy.py, the changelog in state.py, idempotency keys in idempotency.py; tenants and
+limits in pipeline/registries/tenants.py (config + `control`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import logging
+import time
+from collections import defaultdict
+
+from aiokafka.partitioner import DefaultPartitioner
+from pydantic import BaseModel, Field
+
+from pipeline.config.settings import Deployment
+from pipeline.config.tenants import RateLimits, TenantLimits
+from pipeline.contracts import AdmitRelease, Evidence, RequestDoc, Response, Status
+from pipeline.contracts.admit import StateMarker
+from pipeline.contracts.base import now_ms
+from pipeline.contracts.request import ANONYMOUS_TENANT, AdmissionSection
+from pipeline.engines.chat_engine import chat_prompt_len
+from pipeline.engines.tokenizer import load_chat_tokenizer
+from pipeline.registries.adapters import AdapterRegistry, refuse_adapter
+from pipeline.registries.tenants import TenantRegistry
+from pipeline.runtime.changelog import ChangelogReader
+from pipeline.runtime.codec import encode
+from pipeline.runtime.stage import Outcome, SideEffects, SideRecord, Stage, StageContext
+from pipeline.runtime.topics import TopicNames, load_registry
+from pipeline.security.sealing import keyring_for
+from pipeline.stages.admit.idempotency import Claim, Idempotency
+from pipeline.stages.admit.policy import (
+    Ask,
+    Hold,
+    Lane,
+    Meter,
+    TenantState,
+    Verdict,
+    admit,
+    decided_key,
+    evaluate,
+    forget_settled,
+    roll,
+    settle,
+)
+from pipeline.stages.admit.state import STATE_TOPIC, AdmitState
+from pipeline.stages.generate.lora.refusal import adapter_refusal
+
+log = logging.getLogger(__name__)
+
+class AdmitPolicy(BaseModel):
+    version: str = "admit-v2"
+    assumed_max_tokens: int = Field(128, ge=1, description="reserved when a request does not set max_tokens")
+    hold_grace_ms: int = Field(60_000, ge=0, description="a hold outlives its deadline by this, then settles at cost")
+    hold_without_deadline_ms: int = Field(900_000, ge=1000)
+    max_duplicate_waiters: int = Field(64, ge=0, description="duplicates of one idempotency key parked for its result")
+    restore_timeout_s: float = Field(120.0, gt=0)
+    remember_settled_ms: int = Field(600_000, ge=0, description="how long a finished request id is remembered, so "
+                                                                "a copy redelivered after a crash is not run again")
+
+
+def worst_case_cost(deployments: list[Deployment], tokens_in: int, max_tokens: int) -> float:
+    """The most this request can cost: generate may fall back to any of these, so the priciest."""
+    return max(((tokens_in * d.cost_per_1k_input + max_tokens * d.cost_per_1k_output) / 1000 for d in deployments),
+               default=0.0)
+
+
+def split_share(limit: int | None, partitions: int, p: int) -> int | None:
+    """Partition p's share of a global limit; the shares sum to the limit exactly."""
+    if limit is None:
+        return None
+    return limit // partitions + (1 if p < limit % partitions else 0)
+
+
+class AdmitStage(AdmitState, Idempotency, Stage):
+    # One record per processor: the runtime sends a batch's outputs when the whole batch is decided,
+    # so a waiting request in a batch would hold back an admitted one whose completion it waits for.
+    max_batch = 1
+    policy_model = AdmitPolicy
+    side_inputs = {"admit.release": AdmitRelease}
+
+    def __init__(self, ctx: StageContext) -> None:
+        super().__init__(ctx)
+        self.registry = TenantRegistry(ctx.settings.tenants, ctx.settings.tenant_defaults)
+        self.keyring = keyring_for(ctx.settings)  # seals idempotency results at rest
+        self.adapters = AdapterRegistry(ctx.settings.adapters)
+        self.deployments = {d.name: d for d in ctx.settings.deployments}
+        self.states: dict[str, TenantState] = defaultdict(TenantState)
+        self.shares: dict[int, dict[str, Meter]] = {}  # partition -> deployment -> its share's meter
+        self.claims: dict[str, dict[str, Claim]] = defaultdict(dict)  # tenant -> key digest -> claim
+        self.claim_of: dict[str, Claim] = {}  # request_id -> the claim it owns
+        self._claim_expiry: list[tuple[int, str, str]] = []  # heap of (expires_ms, tenant, digest)
+        self.queued: dict[str, int] = defaultdict(int)
+        self.changed: dict[str, asyncio.Event] = defaultdict(asyncio.Event)
+        self.tokenizer = None
+        self.max_waiting = max(0, ctx.runtime.concurrency // 2)
+        self.names = TopicNames(ctx.topic_prefix)
+        spec = load_registry().get("stage.admit")
+        self.partitions = spec.partitions if spec else 6
+        self.reader: ChangelogReader | None = None
+        self._partition_cache: dict[str, int] = {}
+
+    async def start(self) -> None:
+        self.tokenizer = await asyncio.to_thread(load_chat_tokenizer, self.ctx.settings)
+        await self.follow_control(lambda r: self.registry.apply(r) or self.adapters.apply(r))
+        if self.ctx.bootstrap:
+            marker = lambda mid: encode(StateMarker(marker_id=mid))  # noqa: E731
+            self.reader = await ChangelogReader(self.ctx.bootstrap, self.names(STATE_TOPIC), marker,
+                                                self.ctx.settings.kafka).start()
+            self.partitions = await self.reader.partitions(self.names.stage_input(self.name))
+
+    async def stop(self) -> None:
+        if self.reader is not None:
+            await self.reader.stop()
+        await super().stop()
+
+    def partition_of(self, tenant: str) -> int:
+        """The admit partition of a tenant: how the runtime's producers place a tenant-keyed record."""
+        p = self._partition_cache.get(tenant)
+        if p is None:
+            parts = list(range(self.partitions))
+            p = self._partition_cache[tenant] = DefaultPartitioner()(tenant.encode(), parts, parts)
+        return p
+
+    # ---- completions ---------------------------------------------------------------------------
+
+    async def on_side_input(self, topic: str, value: BaseModel) -> SideEffects:
+        assert isinstance(value, AdmitRelease)
+        fx = SideEffects()
+        tenant = value.tenant_id
+        state = self.states.get(tenant)
+        shares = self._shares(self.partition_of(tenant))
+        hold = settle(state, value.request_id, tokens=value.tokens_in + value.tokens_out, cost_usd=value.cost_usd,
+                      shares=shares, remember_until_ms=now_ms() + self.policy.remember_settled_ms
+                      ) if state is not None else None
+        if hold is not None:
+            self._wake(tenant)
+            fx.side += self._changed(tenant, [hold], settled=True)
+            fx.evidence.append(Evidence(
+                request_id=value.request_id, tenant_id=tenant, stage=f"{self.name}.release", decision="settled",
+                reason=value.status, policy_version=self.policy_version,
+                scores={"cost_usd": value.cost_usd, "cost_reserved_usd": hold.cost_usd,
+                        "tokens": float(value.tokens_in + value.tokens_out), "tokens_reserved": float(hold.tokens),
+                        "held_ms": float(max(0, value.finished_ms - hold.at_ms))}))
+        c = self.claim_of.get(value.request_id)
+        if c is not None:
+            resp = value.response or Response(request_id=value.request_id, tenant_id=tenant, status=Status(value.status),
+                                              answered_by=value.answered_by, deployment=value.deployment,
+                                              cost_usd=value.cost_usd)
+            answers, side = self._resolve(c, resp, "duplicate_answered")
+            fx.answers += answers
+            fx.side += side
+        return fx
+
+    def _wake(self, tenant: str) -> None:
+        ev = self.changed[tenant]
+        ev.set()
+        self.changed[tenant] = asyncio.Event()
+
+    # ---- admission -----------------------------------------------------------------------------
+
+    def _order(self, doc: RequestDoc) -> list[str]:
+        order = [d for d in (doc.route.deployments if doc.route else []) if d in self.deployments]
+        return order or list(self.deployments)
+
+    def ask_for(self, doc: RequestDoc, order: list[str]) -> Ask:
+        assert self.tokenizer is not None, "start() first"
+        p = self.policy
+        messages = doc.chat_messages()
+        tokens_in = chat_prompt_len(self.tokenizer, messages)
+        max_tokens = doc.body.max_tokens or p.assumed_max_tokens
+        n = doc.rollout.n if doc.rollout is not None else 1  # a rollout's samples each use prompt + output
+        cost = n * worst_case_cost([self.deployments[d] for d in order], tokens_in, max_tokens)
+        now = now_ms()
+        expires = (doc.deadline_ms + p.hold_grace_ms) if doc.deadline_ms else now + p.hold_without_deadline_ms
+        return Ask(doc.request_id, n * (tokens_in + max_tokens), round(cost, 10), now, expires, doc.attempt)
+
+    def _lanes(self, tenant: str, limits: TenantLimits, order: list[str]) -> list[Lane] | None:
+        p = self.partition_of(tenant)
+        shares = self._shares(p)
+        state = self.states[tenant]
+        if not any(d in shares or (d in limits.deployments and limits.deployments[d].any()) for d in order):
+            return None
+        lanes = []
+        for d in order:
+            gates: list[tuple[str, Meter, RateLimits]] = []
+            own = limits.deployments.get(d)
+            if own is not None and own.any():
+                gates.append((f"{tenant} on {d}", state.lane(d), own))
+            if d in shares:
+                g = self.deployments[d].limits
+                share = RateLimits(rpm=split_share(g.rpm, self.partitions, p), tpm=split_share(g.tpm, self.partitions, p),
+                                   concurrency=split_share(g.concurrency, self.partitions, p))
+                gates.append((f"{d}: this partition's share of its global limits", shares[d], share))
+            lanes.append(Lane(d, tuple(gates)))
+        return lanes
+
+    async def process(self, doc: RequestDoc) -> Outcome:
+        if doc.tenant_id is None:  # published past mask: metered as `anonymous`, and answered as it
+            doc = doc.model_copy(update={"tenant_id": ANONYMOUS_TENANT})  # so its release comes back here
+        tenant = doc.tenant_id or ANONYMOUS_TENANT
+        side: list[SideRecord] = self._expire_claims(now_ms())
+        refused = refuse_adapter(doc, self.adapters)
+        if refused is not None:  # it never runs: nothing is held or claimed
+            out = adapter_refusal(self, doc, *refused)
+            out.side = side
+            return out
+        claim: Claim | None = None
+        if tenant and doc.idempotency_key:
+            got = self._idempotency(doc, tenant, now_ms())
+            if isinstance(got, Outcome):
+                got.side[:0] = side
+                return got
+            claim = got
+            side.append(self._claim(claim))
+        limits = self.registry.limits_for(tenant)
+        order = self._order(doc)
+        a = self.ask_for(doc, order)
+        t0 = time.monotonic()
+        shares = self._shares(self.partition_of(tenant))
+        others: list[Outcome] = []
+        while True:
+            state = self.states[tenant]
+            expired = roll(state, a.now_ms, shares, self.policy.remember_settled_ms)
+            side += [self._rec(tenant, f"h/{tenant}/{k}", None) for k in forget_settled(state, a.now_ms)]
+            if expired:
+                self._wake(tenant)
+                side += self._changed(tenant, expired, settled=True)
+                others += self._lost([self.claim_of[h.request_id] for h in expired if h.request_id in self.claim_of], side)
+            # waiting requests occupy processors; completions need free ones: at most half may wait
+            room = self.queued[tenant] if sum(self.queued.values()) < self.max_waiting else limits.max_queue
+            if decided_key(a.request_id, a.attempt) in state.settled:  # a copy redelivered after it was answered
+                ev = self.evidence(doc, "already_answered", "a redelivered copy of an answered request: not decided again")
+                out = Outcome.park(doc, side, ev)
+                out.others[:0] = others
+                return out
+            lanes = self._lanes(tenant, limits, order)
+            v = evaluate(state, limits, a, queued=room, lanes=lanes)
+            waited_ms = int((time.monotonic() - t0) * 1000)
+            if v.action == "admit":
+                hold = admit(state, a, v.deployment, shares)
+                side += self._changed(tenant, [hold], settled=False)
+                out = self._admitted(doc, a, v, order, lanes, side, waited_ms=waited_ms, metered=True)
+            elif v.action == "reject":
+                until = a.now_ms + self.policy.remember_settled_ms
+                state.settled[decided_key(a.request_id, a.attempt)] = until
+                side.append(self._hold(tenant, Hold(a.request_id, a.now_ms, 0, 0.0, until, None, a.attempt), until))
+                out = self._rejected(doc, v, claim, side, waited_ms=waited_ms)
+            else:  # wait for a completion (or the window to move), then decide again
+                self.queued[tenant] += 1
+                try:
+                    await asyncio.wait_for(self.changed[tenant].wait(),
+                                           min(v.retry_after_ms, a.expires_ms - a.now_ms) / 1000)
+                except TimeoutError:
+                    pass
+                finally:
+                    self.queued[tenant] -= 1
+                a = dataclasses.replace(a, now_ms=now_ms())
+                continue
+            out.others[:0] = others
+            return out
+
+    def _lost(self, claims: list[Claim], side: list[SideRecord]) -> list[Outcome]:
+        """Owners whose hold expired without a completion: their duplicates get an error, the key is free."""
+        out: list[Outcome] = []
+        for c in claims:
+            resp = Response(request_id=c.request_id, status=Status.error, error_class="original_lost",
+                            reason="the request owning this idempotency key never finished", answered_by=self.name)
+            answers, records = self._abandon(c, resp)
+            out += answers
+            side += records
+        return out
+
+    def _rejected(self, doc: RequestDoc, v: Verdict, claim: Claim | None, side: list[SideRecord], *,
+                  waited_ms: int) -> Outcome:
+        resp = Response(request_id=doc.request_id, status=Status.rejected, error_class=v.reason,
+                        reason=v.detail, retry_after_ms=v.retry_after_ms or None, answered_by=self.name)
+        ev = self.evidence(doc, "rejected", f"{v.reason}: {v.detail}",
+                           scores={**v.remaining, "retry_after_ms": float(v.retry_after_ms), "waited_ms": float(waited_ms)})
+        out = Outcome.answer(doc, resp, ev)
+        out.side = side
+        if claim is not None:  # it did not run: the key is free, its parked duplicates get this answer
+            answers, records = self._abandon(claim, resp)
+            out.others += answers
+            side += records
+        return out
+
+    def _admitted(self, doc: RequestDoc, a: Ask, v: Verdict | None, order: list[str], lanes: list[Lane] | None,
+                  side: list[SideRecord], *, waited_ms: int, metered: bool) -> Outcome:
+        chosen = v.deployment if v is not None else None
+        deployments: list[str] = []
+        if chosen is not None:  # fall back only where no limit applies, so a fallback never bypasses one
+            gated = {ln.deployment for ln in lanes or [] if ln.gates}
+            deployments = [chosen] + [d for d in order if d != chosen and d not in gated]
+        reason = ("within limits" if metered else "no limits configured") + (f" on {chosen}" if chosen else "")
+        sec = AdmissionSection(decision="admitted", reason=reason, tokens_reserved=a.tokens, cost_reserved_usd=a.cost_usd,
+                               waited_ms=waited_ms, metered=metered, deployment=chosen, deployments=deployments,
+                               policy_version=self.policy_version)
+        doc = doc.model_copy(update={"admission": sec})
+        remaining = v.remaining if v is not None else {}
+        ev = self.evidence(doc, "admitted" if waited_ms == 0 else "admitted_after_wait", sec.reason,
+                           scores={**remaining, "tokens_reserved": float(a.tokens), "cost_reserved_usd": a.cost_usd,
+                                   "waited_ms": float(waited_ms)})
+        out = Outcome.forward(doc, ev)
+        out.side = side
+        return out

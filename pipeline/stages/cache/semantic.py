@@ -1,0 +1,208 @@
+"""The semantic cache over a vector index: lookup (embed, filtered search, threshold, gate),
+write-back and invalidation. Used by the cache stage, by postprocess (write-back) and by
+`llmpipe cache-eval`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import threading
+from collections import OrderedDict
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from pipeline.contracts import CacheInvalidate, CachePut, RequestDoc
+from pipeline.contracts.base import now_ms
+from pipeline.contracts.request import CacheSection
+from pipeline.engines.embedder import Embedder, vector_to_b64
+from pipeline.engines.text_analyzer import TextAnalyzer, shared_analyzer
+from pipeline.stages.cache.policy import (
+    BOUNDARY_FIELDS,
+    Boundary,
+    CachePolicy,
+    GateRules,
+    GateVerdict,
+    boundary_for,
+    bypass_reason,
+    cache_text,
+    detect_domain,
+    gate,
+)
+from pipeline.stores.vector_index import Condition, IndexEntry, Match, Range, VectorIndex
+
+KEYWORD_FIELDS = (*BOUNDARY_FIELDS, "entry_id")
+NUMERIC_FIELDS = ("created_ms", "expires_ms")
+
+
+@dataclass(frozen=True)
+class Invalidation:
+    tenant: str
+    model_revision: str | None = None
+    prompt_revision: str | None = None
+    data_version: str | None = None
+    before_ms: int = 0  # entries created before this are invalid
+
+    def conditions(self) -> list[Condition]:
+        conds: list[Condition] = [Match("tenant", self.tenant), Range("created_ms", lt=self.before_ms)]
+        for f in ("model_revision", "prompt_revision", "data_version"):
+            if getattr(self, f) is not None:
+                conds.append(Match(f, getattr(self, f)))
+        return conds
+
+    def covers(self, payload: dict) -> bool:
+        if payload.get("tenant") != self.tenant or payload.get("created_ms", 0) >= self.before_ms:
+            return False
+        return all(getattr(self, f) is None or payload.get(f) == getattr(self, f)
+                   for f in ("model_revision", "prompt_revision", "data_version"))
+
+
+@dataclass
+class Lookup:
+    section: CacheSection
+    boundary: Boundary | None = None
+    verdict: GateVerdict | None = None
+    candidates: list[str] = field(default_factory=list)
+
+
+class WordVectors:
+    """Embeddings of single words for the gate, memoised (bounded)."""
+
+    def __init__(self, embedder: Embedder, capacity: int = 50_000) -> None:
+        self.embedder = embedder
+        self.capacity = capacity
+        self._memo: OrderedDict[str, np.ndarray] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def _vectors(self, words: Sequence[str]) -> np.ndarray:
+        with self._lock:
+            missing = [w for w in dict.fromkeys(words) if w not in self._memo]
+        if missing:
+            vecs = self.embedder.embed(missing)
+            with self._lock:
+                for w, v in zip(missing, vecs):
+                    self._memo[w] = v
+                while len(self._memo) > self.capacity:
+                    self._memo.popitem(last=False)
+        with self._lock:
+            return np.stack([self._memo[w] for w in words])
+
+    def best_match(self, words: Sequence[str], against: Sequence[str]) -> list[float]:
+        if not against:
+            return [0.0] * len(words)
+        sims = self._vectors(words) @ self._vectors(against).T
+        return [float(x) for x in sims.max(axis=1)]
+
+
+def put_record(doc: RequestDoc, answer: str, embedder: Embedder, policy: CachePolicy,
+               at_ms: int | None = None) -> CachePut | None:
+    """The write-back of a cacheable miss (postprocess publishes it on `control`; no index needed).
+    None when the request may not be cached: bypass rules, mode off, or an empty answer."""
+    at_ms = at_ms or now_ms()
+    domain = detect_domain(doc, policy)
+    if not answer.strip() or policy.mode_for(doc.tenant_id, domain) == "off":
+        return None
+    if bypass_reason(doc, policy, domain) is not None:
+        return None
+    boundary = boundary_for(doc, policy, domain, embedder.revision)
+    text = cache_text(doc)
+    entry_id = hashlib.sha256(repr((sorted(boundary.as_payload().items()), text)).encode()).hexdigest()[:32]
+    ttl_ms = policy.domains[domain].ttl_s * 1000
+    payload = {**boundary.as_payload(), "entry_id": entry_id, "prompt": text, "answer": answer,
+               "created_ms": at_ms, "expires_ms": at_ms + ttl_ms, "policy_version": policy.version}
+    vec = embedder.embed([text])[0]
+    return CachePut(entry_id=entry_id, vector=[float(x) for x in vec], payload=payload, at_ms=at_ms)
+
+
+class SemanticCache:
+    def __init__(self, index: VectorIndex, embedder: Embedder, policy: CachePolicy,
+                 analyzer: TextAnalyzer | None = None) -> None:
+        self.index = index
+        self.embedder = embedder
+        self.policy = policy
+        self.words = WordVectors(embedder)
+        self.analyzer = analyzer or shared_analyzer()
+        self.rules = GateRules.build(policy)
+        self.invalidations: list[Invalidation] = []
+
+    # ---- lookup ----------------------------------------------------------------------------
+
+    def lookup_many(self, docs: list[RequestDoc], at_ms: int | None = None) -> list[Lookup]:
+        """Micro-batched: one embedding call for every request that may use the cache."""
+        at_ms = at_ms or now_ms()
+        results: list[Lookup | None] = [None] * len(docs)
+        todo: list[tuple[int, str, Boundary, str]] = []
+        for i, doc in enumerate(docs):
+            domain = detect_domain(doc, self.policy)
+            mode = self.policy.mode_for(doc.tenant_id, domain)
+            reason = "mode_off" if mode == "off" else bypass_reason(doc, self.policy, domain)
+            if reason is not None:
+                results[i] = Lookup(self._section("bypass", reason, mode, domain))
+                continue
+            todo.append((i, cache_text(doc), boundary_for(doc, self.policy, domain, self.embedder.revision), mode))
+        if todo:
+            vectors = self.embedder.embed([t for _, t, _, _ in todo])
+            for (i, text, boundary, mode), vec in zip(todo, vectors):
+                found = self._search(text, vec, boundary, mode, at_ms)
+                # route embeds the same text with the same model: it reuses this vector
+                found.section = found.section.model_copy(update={"query_embedding": vector_to_b64(vec)})
+                results[i] = found
+        return [r for r in results if r is not None]
+
+    def _search(self, text: str, vec: np.ndarray, boundary: Boundary, mode: str, at_ms: int) -> Lookup:
+        threshold = float(self.policy.threshold_for(boundary.domain, text))  # bypass_reason refused None
+        conds: list[Condition] = [Match(f, v) for f, v in boundary.as_payload().items()]
+        conds.append(Range("expires_ms", gt=at_ms))
+        candidates = [c for c in self.index.search(vec.tolist(), conds, limit=self.policy.top_k)
+                      if not any(inv.covers(c.payload) for inv in self.invalidations)]
+        ids = [c.id for c in candidates]
+        best = candidates[0] if candidates else None
+        if best is None:
+            return Lookup(self._section("miss", "no_candidate", mode, boundary.domain, threshold), boundary,
+                          candidates=ids)
+        last_verdict: GateVerdict | None = None
+        for cand in candidates:
+            if cand.score < threshold:
+                break
+            verdict = gate(text, cand.payload.get("prompt", ""), self.analyzer.analyze, self.words.best_match,
+                           self.rules)
+            last_verdict = verdict
+            if verdict.passed:
+                decision = "hit" if mode == "on" else "shadow_hit"
+                section = self._section(decision, "similar_and_verified", mode, boundary.domain, threshold,
+                                        cand.id, cand.score, verdict.checks,
+                                        answer=cand.payload.get("answer"))  # shadow: postprocess compares it
+                return Lookup(section, boundary, verdict, ids)
+        if last_verdict is None:
+            return Lookup(self._section("miss", "below_threshold", mode, boundary.domain, threshold, best.id,
+                                        best.score), boundary, candidates=ids)
+        return Lookup(self._section("miss", last_verdict.reason, mode, boundary.domain, threshold, best.id,
+                                    best.score, last_verdict.checks), boundary, last_verdict, ids)
+
+    def _section(self, decision: str, reason: str, mode: str, domain: str, threshold: float | None = None,
+                 candidate_id: str | None = None, similarity: float | None = None,
+                 gate_checks: dict[str, bool] | None = None, answer: str | None = None) -> CacheSection:
+        return CacheSection(decision=decision, reason=reason, mode=mode, domain=domain, threshold=threshold,
+                            candidate_id=candidate_id, similarity=None if similarity is None else round(similarity, 4),
+                            gate=gate_checks or {}, answer=answer, policy_version=self.policy.version,
+                            embedding_revision=self.embedder.revision)
+
+    # ---- write-back and invalidation (applied from the control topic) -----------------------
+
+    def put_record(self, doc: RequestDoc, answer: str, at_ms: int | None = None) -> CachePut | None:
+        return put_record(doc, answer, self.embedder, self.policy, at_ms)
+
+    def apply(self, record: object) -> int:
+        """Apply a control record; returns entries written (1) or deleted. Others are not the cache's."""
+        if isinstance(record, CachePut):
+            if any(inv.covers(record.payload) for inv in self.invalidations):
+                return 0  # written before an invalidation that has already been applied
+            self.index.upsert([IndexEntry(id=record.entry_id, vector=record.vector, payload=dict(record.payload))])
+            return 1
+        if not isinstance(record, CacheInvalidate):
+            return 0
+        inv = Invalidation(record.tenant, record.model_revision, record.prompt_revision, record.data_version,
+                           record.before_ms)
+        self.invalidations.append(inv)  # also hides entries a lagging put would bring back
+        return self.index.delete(inv.conditions())

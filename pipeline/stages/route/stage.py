@@ -1,0 +1,128 @@
+"""route: pick the route (model, adapter, deployments, fallbacks) and the placement, and say why.
+
+The input topic is keyed by device_id when a request carries device state, so one worker owns
+each device's hysteresis flags (kept in memory: a rebalance starts a moved device afresh).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import numpy as np
+
+from pipeline.contracts import RequestDoc
+from pipeline.contracts.request import RouteSection
+from pipeline.engines.embedder import Embedder, ready_shared_embedder, vector_from_b64
+from pipeline.registries.adapters import AdapterRegistry
+from pipeline.runtime.stage import Outcome, Stage, StageContext
+from pipeline.stages.cache.policy import cache_text
+from pipeline.stages.route.policy import DeviceFlags, RoutePolicy, choose_route, place, score_routes, update_flags
+
+
+def route_text(doc: RequestDoc) -> str:
+    return cache_text(doc)  # the same text: route can reuse cache's embedding of it
+
+
+def reused_vector(doc: RequestDoc, embedder: Embedder) -> np.ndarray | None:
+    """cache's embedding of this request's text, when cache computed one with the same model."""
+    c = doc.cache
+    if c is None or c.query_embedding is None or c.embedding_revision != embedder.revision:
+        return None
+    return vector_from_b64(c.query_embedding, embedder.dim)
+
+
+def pick_adapter(doc: RequestDoc, route_adapter: str | None, adapters: AdapterRegistry) -> tuple[str | None, str]:
+    """The adapter to run and why. A caller that names a registered adapter as its model gets it
+    (admit refuses it if the tenant may not use it); the route's own adapter is used only when the
+    tenant may use it, else the base model."""
+    asked = doc.body.model
+    if asked and asked in adapters.specs:
+        return asked, f"adapter {asked} requested by the caller"
+    if route_adapter is None:
+        return None, ""
+    refused = adapters.refusal(doc.tenant_id, route_adapter)
+    if refused is not None:
+        return None, f"base model: {refused[1]}"
+    return route_adapter, f"adapter {route_adapter}"
+
+
+class Router:
+    """The policy plus the embedded exemplars; `decide` is deterministic for (input, policy, flags)."""
+
+    def __init__(self, policy: RoutePolicy, embedder: Embedder, adapters: AdapterRegistry | None = None) -> None:
+        self.policy = policy
+        self.embedder = embedder
+        self.adapters = adapters or AdapterRegistry()
+        self.exemplars = {name: embedder.embed(r.exemplars) if r.exemplars else np.zeros((0, embedder.dim))
+                          for name, r in policy.routes.items()}
+        self.flags: dict[str, DeviceFlags] = {}
+
+    def decide(self, doc: RequestDoc, vec: np.ndarray, now_ms: int) -> RouteSection:
+        text = route_text(doc)
+        scores = score_routes(text, vec, self.exemplars, self.policy)
+        name, reason = choose_route(scores, self.policy)
+        route = self.policy.routes[name]
+        adapter, why = pick_adapter(doc, route.adapter, self.adapters)
+        if why:
+            reason = f"{reason}; {why}"
+        flags = DeviceFlags()
+        if doc.device_id:
+            flags = self.flags[doc.device_id] = update_flags(self.flags.get(doc.device_id, DeviceFlags()),
+                                                              doc.device, now_ms, self.policy.placement)
+        else:
+            flags = update_flags(flags, doc.device, now_ms, self.policy.placement)
+        placement, placement_reason = place(flags, doc.device, doc.deadline_ms, now_ms, self.policy.placement)
+        return RouteSection(decision=name, reason=reason, model=route.model, adapter=adapter,
+                            deployments=route.deployments, fallbacks=route.fallbacks, scores=scores,
+                            placement=placement, placement_reason=placement_reason,
+                            policy_version=self.policy.version)
+
+
+class RouteStage(Stage):
+    max_batch = 16
+    max_wait_ms = 3
+    policy_model = RoutePolicy
+
+    def __init__(self, ctx: StageContext) -> None:
+        super().__init__(ctx)
+        self.router: Router | None = None
+
+    async def start(self) -> None:
+        embedder = await ready_shared_embedder()
+        adapters = AdapterRegistry(self.ctx.settings.adapters)
+        self.router = await asyncio.to_thread(Router, self.policy, embedder, adapters)
+        await self.follow_control(adapters.apply)  # adapters registered or re-stated while running
+
+    def outcome(self, doc: RequestDoc, sec: RouteSection, reused: bool = False) -> Outcome:
+        update: dict = {"route": sec}
+        if doc.cache is not None and doc.cache.query_embedding is not None:  # later stages do not need it
+            update["cache"] = doc.cache.model_copy(update={"query_embedding": None})
+        doc = doc.model_copy(update=update)
+        ev = self.evidence(doc, sec.decision, sec.reason,
+                           scores={f"route.{k}": v for k, v in sec.scores.items()},
+                           candidates=[sec.decision, *sec.fallbacks],
+                           revisions={"embedding": self.router.embedder.revision if self.router else ""},
+                           labels={"embedding": "reused" if reused else "computed", "adapter": sec.adapter or ""})
+        placement_ev = self.evidence(doc, f"placement:{sec.placement}", sec.placement_reason)
+        # evidence rows are keyed by (request_id, stage, attempt): the placement row is its own stage name
+        placement_ev = placement_ev.model_copy(update={"stage": f"{self.name}.placement"})
+        return Outcome.forward(doc, ev, placement_ev)
+
+    async def process_batch(self, docs: list[RequestDoc]) -> list[Outcome | BaseException]:
+        assert self.router is not None, "start() first"
+        router = self.router
+
+        def run() -> tuple[list[RouteSection], list[bool]]:
+            vecs = [reused_vector(d, router.embedder) for d in docs]
+            reused = [v is not None for v in vecs]
+            todo = [i for i, v in enumerate(vecs) if v is None]
+            if todo:
+                for i, v in zip(todo, router.embedder.embed([route_text(docs[i]) for i in todo])):
+                    vecs[i] = v
+            now = int(time.time() * 1000)
+            # the record's own creation time drives hysteresis, so a replay re-decides identically
+            return [router.decide(d, v, d.created_ms or now) for d, v in zip(docs, vecs)], reused
+
+        sections, reused = await asyncio.to_thread(run)
+        return [self.outcome(d, s, r) for d, s, r in zip(docs, sections, reused)]

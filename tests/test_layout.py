@@ -1,0 +1,100 @@
+"""The layout's import rules (docs/ARCHITECTURE.md, "Layout"), read from the source with ast.
+
+- `config`, `contracts` (and `resources`, which only locates bundled files) import nothing else
+  from `pipeline`;
+- `registries` import only `config` and `contracts`; `security` only those and `registries`;
+- `engines`, `stores`, `ingress` and `runtime` never import a stage (the runtime loads stages
+  by name, through the topology);
+- a stage package imports another stage only for a concept that stage owns (ALLOWED_STAGE_EDGES).
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1] / "pipeline"
+LEAVES = {"config", "contracts", "resources"}
+ONLY = {  # package -> the packages it may import (itself always)
+    "config": {"contracts", "resources"},
+    "contracts": {"resources"},
+    "resources": set(),
+    "registries": {"config", "contracts", "resources"},
+    "security": {"config", "contracts", "resources", "registries"},
+}
+NO_STAGES = {"engines", "stores", "ingress", "runtime", "registries", "security", "config", "contracts"}
+ALLOWED_STAGE_EDGES = {
+    ("postprocess", "cache"): "writes generated answers back to the cache, under the cache's policy",
+    ("route", "cache"): "reuses the embedding the cache computed for the same text",
+    ("admit", "generate"): "refuses an adapter (LoRA is generate's) and prices the deployments it may run on",
+}
+
+
+def imports_of(source: str) -> list[str]:
+    """Every `pipeline...` module a source imports, top-level or inside a function."""
+    out = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            out.append(node.module)
+        elif isinstance(node, ast.Import):
+            out += [a.name for a in node.names]
+    return [m for m in out if m == "pipeline" or m.startswith("pipeline.")]
+
+
+def area(module: str) -> tuple[str, str | None]:
+    """(top-level package or module under pipeline, stage name for stages.*)."""
+    parts = module.split(".")
+    top = parts[1] if len(parts) > 1 else ""
+    return top, (parts[2] if top == "stages" and len(parts) > 2 else None)
+
+
+def violations(module: str, source: str) -> list[str]:
+    top, stage = area(module)
+    found = []
+    for target in imports_of(source):
+        t_top, t_stage = area(target)
+        if t_top == top and (top != "stages" or t_stage == stage or t_stage is None):
+            continue
+        if top in ONLY and t_top not in ONLY[top]:
+            found.append(f"{module} imports {target}: {top} may import only {sorted(ONLY[top]) or 'nothing'}")
+        elif top in NO_STAGES and t_top == "stages":
+            found.append(f"{module} imports {target}: {top} never imports a stage")
+        elif top == "stages" and t_top == "stages" and (stage, t_stage) not in ALLOWED_STAGE_EDGES:
+            found.append(f"{module} imports {target}: stage {stage} may not use stage {t_stage}")
+    return found
+
+
+def modules() -> dict[str, str]:
+    return {".".join(("pipeline", *p.relative_to(ROOT).with_suffix("").parts)): p.read_text()
+            for p in ROOT.rglob("*.py")}
+
+
+def test_every_module_keeps_the_import_rules():
+    found = [v for m, src in sorted(modules().items()) for v in violations(m, src)]
+    assert not found, "\n".join(found)
+
+
+def test_the_rules_catch_a_wrong_import():
+    """A deliberately wrong import in each kind of module is reported."""
+    assert violations("pipeline.config.settings", "from pipeline.stages.mask.stage import MaskStage")
+    assert violations("pipeline.contracts.request", "import pipeline.runtime.codec")
+    assert violations("pipeline.registries.tenants", "from pipeline.runtime.stage import Outcome")
+    assert violations("pipeline.ingress.http", "def f():\n    from pipeline.stages.tenants import X\n")
+    assert violations("pipeline.runtime.topology", "from pipeline.stages.cache.stage import CacheStage")
+    assert violations("pipeline.stages.cache.stage", "from pipeline.stages.generate.stage import GenerateStage")
+    assert not violations("pipeline.stages.postprocess.stage", "from pipeline.stages.cache.policy import CachePolicy")
+    assert not violations("pipeline.stages.cache.stage", "from pipeline.stages.cache.policy import CachePolicy")
+
+
+def test_no_module_is_over_500_lines():
+    long = {m: n for m, src in modules().items() if (n := src.count("\n")) > 500}
+    assert not long, long
+
+
+def test_one_definition_of_the_shared_helpers():
+    defs = {}
+    for m, src in modules().items():
+        for node in ast.walk(ast.parse(src)):
+            if isinstance(node, ast.FunctionDef) and node.name in ("now_ms", "free_port", "percentile"):
+                defs.setdefault(node.name, []).append(m)
+    assert {k: len(v) for k, v in defs.items()} == {"now_ms": 1, "free_port": 1, "percentile": 1}, defs

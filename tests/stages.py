@@ -120,10 +120,11 @@ class Placement(Stage):
 
 
 class Describe(Stage):
-    """Answers with what vision said about the request's images (`description`), for vision tests."""
+    """Answers with the conversation a model would read after vision (one line per message), for
+    vision tests: vision's description of the images, then the caller's question."""
 
     async def process(self, doc: RequestDoc) -> Outcome:
-        text = doc.vision.description if doc.vision else "no vision"
+        text = "\n".join(m.content for m in doc.body.messages) if doc.vision else "no vision"
         resp = Response(request_id=doc.request_id, status=Status.ok, text=text, answered_by=self.name)
         return Outcome.answer(doc, resp, self.evidence(doc, "described"))
 

@@ -9,8 +9,9 @@ import asyncio
 import pytest
 import yaml
 
-from pipeline.contracts.request import ChatBody, ChatMessage, RequestDoc, VisionSection
-from pipeline.contracts.request import ImageFeatures
+from pipeline.contracts.request import ChatMessage, ImageFeatures
+from pipeline.engines.chat_engine import as_chat
+from pipeline.stages.vision.describe import describe, with_description
 from tests.media_servers import jpeg
 from tests.test_cli_stack import last_json, llmpipe
 
@@ -54,15 +55,14 @@ async def test_submit_image_url_and_local_file(tmp_path, image_server):
 
 
 def test_the_model_sees_the_description_before_the_last_user_message():
-    doc = RequestDoc(request_id="r", body=ChatBody(messages=[ChatMessage(role="system", content="be brief"),
-                                                            ChatMessage(role="user", content="what is it?")]))
-    assert doc.chat_messages()[-1]["content"] == "what is it?"
+    msgs = [ChatMessage(role="system", content="be brief"), ChatMessage(role="user", content="hi"),
+            ChatMessage(role="assistant", content="hello"), ChatMessage(role="user", content="what is it?")]
     feats = [ImageFeatures(index=0, labels=["ping-pong ball"], scores=[0.84], embedding_ref="x", cache="miss")]
-    doc = doc.model_copy(update={"vision": VisionSection(images=feats, encoder_revision="e", processor_revision="p",
-                                                         template_revision="img-desc-v1",
-                                                         description="[image 1: ping-pong ball 0.84]",
-                                                         policy_version="v")})
-    msgs = doc.chat_messages()
-    assert msgs[0] == {"role": "system", "content": "be brief"}
-    assert msgs[-1]["content"] == "[image 1: ping-pong ball 0.84]\nwhat is it?"
-    assert doc.body.messages[-1].content == "what is it?", "the caller's messages are not changed"
+    desc = describe(feats, "img-desc-v1")
+    assert desc == "[image 1: ping-pong ball 0.84]"
+    assert as_chat(with_description(msgs, desc)) == [
+        {"role": "system", "content": "be brief"}, {"role": "user", "content": "hi"},
+        {"role": "assistant", "content": "hello"}, {"role": "user", "content": desc},
+        {"role": "user", "content": "what is it?"}]
+    assert len(msgs) == 4 and msgs[-1].content == "what is it?", "the caller's list is not changed"
+    assert with_description([ChatMessage(role="system", content="s")], desc)[-1].content == desc

@@ -4,7 +4,6 @@ answered with features; a second pass hits the feature cache; another tenant nev
 from __future__ import annotations
 
 import asyncio
-from collections import Counter
 
 import numpy as np
 import pytest
@@ -17,7 +16,7 @@ from pipeline.runtime.codec import decode
 from pipeline.runtime.launch import stage_worker
 from pipeline.runtime.topics import TopicNames
 from pipeline.runtime.topology import Topology
-from pipeline.stages.vision.stage import describe
+from pipeline.stages.vision.describe import describe
 from tests.conftest import create_topics, read_topic, settings_for
 
 pytestmark = [pytest.mark.integration]
@@ -52,6 +51,8 @@ async def test_features_are_cached_per_tenant_and_described(broker, prefix, tmp_
             await w.stop()
     for batch in (first, second, other):
         assert all(a.status == "ok" and a.text.startswith("[image 1: ") for _, a in batch), [a for _, a in batch][:3]
+        # vision's message comes first, the caller's question stays last and unchanged
+        assert all(a.text.split("\n") == [a.text.split("\n")[0], d.body.messages[-1].content] for d, a in batch)
     assert [a.text for _, a in first] == [a.text for _, a in second], "the cache returns what the encoder said"
     rows = {e.request_id: e for e in (decode(r.value, Evidence) for r in
                                      await read_topic(broker.bootstrap, names.evidence, 10**9, timeout=3))

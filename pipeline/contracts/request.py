@@ -313,16 +313,5 @@ class RequestDoc(WireModel):
     # free-form labels for tests and replays (never PII)
     labels: dict[str, Any] = Field(default_factory=dict)
 
-    def chat_messages(self) -> list[dict[str, str]]:
-        """The messages a model sees: the caller's, with vision's description of the images (for a
-        text-only model) placed before the last user message."""
-        msgs = [{"role": m.role, "content": m.content} for m in self.body.messages]
-        if self.vision is not None and self.vision.description:
-            for m in reversed(msgs):
-                if m["role"] == "user":
-                    m["content"] = f"{self.vision.description}\n{m['content']}"
-                    break
-        return msgs
-
     def prompt_text(self) -> str:
         return "\n".join(m.content for m in self.body.messages)

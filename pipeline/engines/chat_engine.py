@@ -4,11 +4,13 @@ whose class says whether another attempt can help."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
     from pipeline.contracts.adapter import AdapterSpec
+    from pipeline.contracts.request import ChatMessage
 
 
 @dataclass
@@ -58,6 +60,11 @@ class ChatEngine(Protocol):
 
     async def generate(self, messages: list[dict[str, str]], sampling: Sampling,
                        request_id: str | None = None, adapter: "AdapterSpec | None" = None) -> Generation: ...
+
+
+def as_chat(messages: "Sequence[ChatMessage]") -> list[dict[str, str]]:
+    """The conversation as a chat template reads it (vision has already added its message)."""
+    return [{"role": m.role, "content": m.content} for m in messages]
 
 
 def chat_prompt_ids(tokenizer, messages: list[dict[str, str]]) -> list[int]:

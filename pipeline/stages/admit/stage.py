@@ -38,7 +38,7 @@ from pipeline.contracts import AdmitRelease, Evidence, RequestDoc, Response, Sta
 from pipeline.contracts.admit import StateMarker
 from pipeline.contracts.base import now_ms
 from pipeline.contracts.request import ANONYMOUS_TENANT, AdmissionSection
-from pipeline.engines.chat_engine import chat_prompt_len
+from pipeline.engines.chat_engine import as_chat, chat_prompt_len
 from pipeline.engines.tokenizer import load_chat_tokenizer
 from pipeline.registries.adapters import AdapterRegistry, refuse_adapter
 from pipeline.registries.tenants import TenantRegistry
@@ -185,7 +185,7 @@ class AdmitStage(AdmitState, Idempotency, Stage):
     def ask_for(self, doc: RequestDoc, order: list[str]) -> Ask:
         assert self.tokenizer is not None, "start() first"
         p = self.policy
-        messages = doc.chat_messages()
+        messages = as_chat(doc.body.messages)
         tokens_in = chat_prompt_len(self.tokenizer, messages)
         max_tokens = doc.body.max_tokens or p.assumed_max_tokens
         n = doc.rollout.n if doc.rollout is not None else 1  # a rollout's samples each use prompt + output
@@ -215,23 +215,36 @@ class AdmitStage(AdmitState, Idempotency, Stage):
         return lanes
 
     async def process(self, doc: RequestDoc) -> Outcome:
+        """1. expire idempotency claims; 2. refuse an adapter the tenant may not use, answer a duplicate
+        of a keyed request (or claim its key); 3. decide under the tenant's limits: admit, reject, or
+        wait for a completion and decide again."""
         if doc.tenant_id is None:  # published past mask: metered as `anonymous`, and answered as it
             doc = doc.model_copy(update={"tenant_id": ANONYMOUS_TENANT})  # so its release comes back here
         tenant = doc.tenant_id or ANONYMOUS_TENANT
         side: list[SideRecord] = self._expire_claims(now_ms())
+        early = self._before_deciding(doc, tenant, side)
+        if isinstance(early, Outcome):
+            return early
+        return await self._decide(doc, tenant, early, side)
+
+    def _before_deciding(self, doc: RequestDoc, tenant: str, side: list[SideRecord]) -> Outcome | Claim | None:
+        """An answer that needs no decision (a refused adapter, a keyed duplicate), else the key's
+        claim (None without a key)."""
         refused = refuse_adapter(doc, self.adapters)
         if refused is not None:  # it never runs: nothing is held or claimed
             out = adapter_refusal(self, doc, *refused)
             out.side = side
             return out
-        claim: Claim | None = None
-        if tenant and doc.idempotency_key:
-            got = self._idempotency(doc, tenant, now_ms())
-            if isinstance(got, Outcome):
-                got.side[:0] = side
-                return got
-            claim = got
-            side.append(self._claim(claim))
+        if not (tenant and doc.idempotency_key):
+            return None
+        got = self._idempotency(doc, tenant, now_ms())
+        if isinstance(got, Outcome):
+            got.side[:0] = side
+            return got
+        side.append(self._claim(got))
+        return got
+
+    async def _decide(self, doc: RequestDoc, tenant: str, claim: Claim | None, side: list[SideRecord]) -> Outcome:
         limits = self.registry.limits_for(tenant)
         order = self._order(doc)
         a = self.ask_for(doc, order)
@@ -240,19 +253,13 @@ class AdmitStage(AdmitState, Idempotency, Stage):
         others: list[Outcome] = []
         while True:
             state = self.states[tenant]
-            expired = roll(state, a.now_ms, shares, self.policy.remember_settled_ms)
-            side += [self._rec(tenant, f"h/{tenant}/{k}", None) for k in forget_settled(state, a.now_ms)]
-            if expired:
-                self._wake(tenant)
-                side += self._changed(tenant, expired, settled=True)
-                others += self._lost([self.claim_of[h.request_id] for h in expired if h.request_id in self.claim_of], side)
+            others += self._roll(tenant, a.now_ms, shares, side)
             # waiting requests occupy processors; completions need free ones: at most half may wait
             room = self.queued[tenant] if sum(self.queued.values()) < self.max_waiting else limits.max_queue
             if decided_key(a.request_id, a.attempt) in state.settled:  # a copy redelivered after it was answered
                 ev = self.evidence(doc, "already_answered", "a redelivered copy of an answered request: not decided again")
                 out = Outcome.park(doc, side, ev)
-                out.others[:0] = others
-                return out
+                break
             lanes = self._lanes(tenant, limits, order)
             v = evaluate(state, limits, a, queued=room, lanes=lanes)
             waited_ms = int((time.monotonic() - t0) * 1000)
@@ -260,24 +267,39 @@ class AdmitStage(AdmitState, Idempotency, Stage):
                 hold = admit(state, a, v.deployment, shares)
                 side += self._changed(tenant, [hold], settled=False)
                 out = self._admitted(doc, a, v, order, lanes, side, waited_ms=waited_ms, metered=True)
-            elif v.action == "reject":
+                break
+            if v.action == "reject":
                 until = a.now_ms + self.policy.remember_settled_ms
                 state.settled[decided_key(a.request_id, a.attempt)] = until
                 side.append(self._hold(tenant, Hold(a.request_id, a.now_ms, 0, 0.0, until, None, a.attempt), until))
                 out = self._rejected(doc, v, claim, side, waited_ms=waited_ms)
-            else:  # wait for a completion (or the window to move), then decide again
-                self.queued[tenant] += 1
-                try:
-                    await asyncio.wait_for(self.changed[tenant].wait(),
-                                           min(v.retry_after_ms, a.expires_ms - a.now_ms) / 1000)
-                except TimeoutError:
-                    pass
-                finally:
-                    self.queued[tenant] -= 1
-                a = dataclasses.replace(a, now_ms=now_ms())
-                continue
-            out.others[:0] = others
-            return out
+                break
+            await self._wait_for_change(tenant, min(v.retry_after_ms, a.expires_ms - a.now_ms))
+            a = dataclasses.replace(a, now_ms=now_ms())
+        out.others[:0] = others
+        return out
+
+    def _roll(self, tenant: str, at_ms: int, shares: int, side: list[SideRecord]) -> list[Outcome]:
+        """Move the tenant's windows to `at_ms`: expired holds are settled (their changes into `side`),
+        waiters woken; the owners of expired idempotency claims are answered (returned)."""
+        state = self.states[tenant]
+        expired = roll(state, at_ms, shares, self.policy.remember_settled_ms)
+        side += [self._rec(tenant, f"h/{tenant}/{k}", None) for k in forget_settled(state, at_ms)]
+        if not expired:
+            return []
+        self._wake(tenant)
+        side += self._changed(tenant, expired, settled=True)
+        return self._lost([self.claim_of[h.request_id] for h in expired if h.request_id in self.claim_of], side)
+
+    async def _wait_for_change(self, tenant: str, timeout_ms: int) -> None:
+        """Wait for a completion of this tenant (or the window to move), counted as queued meanwhile."""
+        self.queued[tenant] += 1
+        try:
+            await asyncio.wait_for(self.changed[tenant].wait(), timeout_ms / 1000)
+        except TimeoutError:
+            pass
+        finally:
+            self.queued[tenant] -= 1
 
     def _lost(self, claims: list[Claim], side: list[SideRecord]) -> list[Outcome]:
         """Owners whose hold expired without a completion: their duplicates get an error, the key is free."""

@@ -20,7 +20,6 @@ import httpx
 import orjson
 import yaml
 
-from pipeline.demo_images import DemoImageServer
 from pipeline.registries.tenants import key_hash
 from pipeline.runtime.metrics import percentile
 

@@ -91,6 +91,15 @@ def test_no_module_is_over_500_lines():
     assert not long, long
 
 
+def test_no_function_is_over_60_lines():
+    long = {}
+    for m, src in modules().items():
+        for node in ast.walk(ast.parse(src)):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.end_lineno - node.lineno >= 60:
+                long[f"{m}.{node.name}"] = node.end_lineno - node.lineno + 1
+    assert not long, long
+
+
 def test_one_definition_of_the_shared_helpers():
     defs = {}
     for m, src in modules().items():

@@ -37,19 +37,11 @@ def demo(data_dir: DataDir = Path(".llmpipe/demo"),
     """Start the embedded stack, send the bundled traffic through the front door, print the report, stop."""
     import time as _time
 
-    from pipeline.demo import (
-        MEANING,
-        DemoImageServer,
-        demo_config,
-        demo_tenants,
-        read_demo_traffic,
-        send_traffic,
-        status_summary,
-    )
-    from pipeline.registries.tenants import new_api_key
+    from pipeline.demo import read_demo_traffic
+    from pipeline.demo_images import DemoImageServer
     from pipeline.report import build_report
-    from pipeline.report_render import print_report, render_html
-    from pipeline.stack import StackError, running_stack, start_detached, stop_stack
+    from pipeline.report_render import render_html
+    from pipeline.stack import StackError, running_stack, stop_stack
 
     d = data_dir.expanduser().resolve()
     if running_stack(d):
@@ -60,43 +52,18 @@ def demo(data_dir: DataDir = Path(".llmpipe/demo"),
     t0 = _time.monotonic()
     since = parse_since("1s")  # the report covers this run only
     try:
-        keys = {t: new_api_key() for t in demo_tenants(config)}  # a tenant not configured gets 401: "nobody"
-        cfg = demo_config(config, keys, images.port)
-        cfg_file = d / "demo-config.yaml"
-        cfg_file.write_text(yaml.safe_dump(cfg, allow_unicode=True))
-        with out.status("starting the stack: broker, warehouse, 8 stage workers, vLLM (about a minute)..."):
-            info = start_detached(["up", "--processes", "--data-dir", str(d), "--config", str(cfg_file)], d,
-                                  timeout_s=600)
+        info, keys = _start_stack(d, config, images.port)
         out.print(f"stack up in {_time.monotonic() - t0:.0f}s; front door {info.http_url}")
-        with Progress(TextColumn("sending demo traffic"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                      console=out, disable=json) as progress:
-            task = progress.add_task("send", total=len(lines))
-            run = asyncio.run(send_traffic(lines, info.http_url, keys, images.base_url, rate=rate,
-                                           concurrency=concurrency, on_done=lambda: progress.advance(task)))
-        s = _settings(d, None, None)
-        query = _query_fn(s)
-        expected = run.reached_pipeline()
-        deadline = _time.monotonic() + 90
-        while _time.monotonic() < deadline:  # the sink writes in batches
-            if query("SELECT count() FROM requests FINAL", {}).rows[0][0] >= expected:
-                break
-            _time.sleep(1)
+        run = _send(lines, info.http_url, keys, images.base_url, rate, concurrency, quiet=json)
+        query = _query_fn(_settings(d, None, None))
+        _wait_for_rows(query, run.reached_pipeline(), 90)
         doc = build_report(query, since)
         (d / "report.html").write_text(render_html(doc), encoding="utf-8")
         summary = run.summary(round(_time.monotonic() - t0, 1), doc, d / "report.html")
-        cats = run.by_category()
         if json:
             _print_json(summary)
-            return
-        print_report(doc, out)
-        t = Table("traffic", "sent", "answers (HTTP status×count, codes)", "cache hits", "what it shows",
-                  title="What the demo sent", title_justify="left")
-        for name, c in sorted(cats.items(), key=lambda kv: -kv[1]["requests"]):
-            t.add_row(name, str(c["requests"]), status_summary(c), str(c["cache_hits"]), MEANING.get(name, ""))
-        out.print(t)
-        out.print(f"{len(run.sent)} requests in {summary['seconds']}s including start-up; ok latency "
-                  f"p50 {summary['latency_ok_ms']['p50']} ms, p95 {summary['latency_ok_ms']['p95']} ms. "
-                  f"HTML report: {d / 'report.html'}")
+        else:
+            _print_demo(doc, run, summary, d / "report.html")
     finally:
         images.stop()
         if running_stack(d):
@@ -104,5 +71,54 @@ def demo(data_dir: DataDir = Path(".llmpipe/demo"),
                 stop_stack(d)
 
 
+def _start_stack(d: Path, config: Path, images_port: int):
+    """A key per configured tenant (one not configured gets 401: "nobody"), the demo's config with
+    them, and `llmpipe up --processes` on it in the background."""
+    from pipeline.demo import demo_config, demo_tenants
+    from pipeline.registries.tenants import new_api_key
+    from pipeline.stack import start_detached
+
+    keys = {t: new_api_key() for t in demo_tenants(config)}
+    cfg_file = d / "demo-config.yaml"
+    cfg_file.write_text(yaml.safe_dump(demo_config(config, keys, images_port), allow_unicode=True))
+    with out.status("starting the stack: broker, warehouse, 8 stage workers, vLLM (about a minute)..."):
+        info = start_detached(["up", "--processes", "--data-dir", str(d), "--config", str(cfg_file)], d,
+                              timeout_s=600)
+    return info, keys
 
 
+def _send(lines, http_url: str, keys: dict[str, str], images_url: str, rate: float, concurrency: int, *,
+          quiet: bool):
+    from pipeline.demo import send_traffic
+
+    with Progress(TextColumn("sending demo traffic"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                  console=out, disable=quiet) as progress:
+        task = progress.add_task("send", total=len(lines))
+        return asyncio.run(send_traffic(lines, http_url, keys, images_url, rate=rate, concurrency=concurrency,
+                                        on_done=lambda: progress.advance(task)))
+
+
+def _wait_for_rows(query, expected: int, timeout_s: float) -> None:
+    """The sink writes in batches: wait until the warehouse holds a row per request that reached it."""
+    import time as _time
+
+    deadline = _time.monotonic() + timeout_s
+    while _time.monotonic() < deadline:
+        if query("SELECT count() FROM requests FINAL", {}).rows[0][0] >= expected:
+            return
+        _time.sleep(1)
+
+
+def _print_demo(doc, run, summary: dict, report_path: Path) -> None:
+    from pipeline.demo import MEANING, status_summary
+    from pipeline.report_render import print_report
+
+    print_report(doc, out)
+    t = Table("traffic", "sent", "answers (HTTP status×count, codes)", "cache hits", "what it shows",
+              title="What the demo sent", title_justify="left")
+    for name, c in sorted(run.by_category().items(), key=lambda kv: -kv[1]["requests"]):
+        t.add_row(name, str(c["requests"]), status_summary(c), str(c["cache_hits"]), MEANING.get(name, ""))
+    out.print(t)
+    out.print(f"{len(run.sent)} requests in {summary['seconds']}s including start-up; ok latency "
+              f"p50 {summary['latency_ok_ms']['p50']} ms, p95 {summary['latency_ok_ms']['p95']} ms. "
+              f"HTML report: {report_path}")

@@ -49,64 +49,81 @@ class PostprocessStage(ThreadedStage):
             self.embedder = await ready_shared_embedder()
 
     def decide(self, doc: RequestDoc) -> Outcome:
-        cache, gen, route = doc.cache, doc.generation, doc.route
+        """1. the answer's text (a cache hit or the generation); 2. the caller's schema, never repaired;
+        3. a generated answer that finished cleanly goes back to the cache (masked); 4. un-mask where
+        the tenant allows it; 5. the terminal answer and its evidence (with a shadow hit's verdict)."""
+        cache, gen = doc.cache, doc.generation
         if cache is not None and cache.decision == "hit" and cache.answer is not None:
             text, source = cache.answer, "cache"
         elif gen is not None:
             text, source = gen.text, "generation"
         else:
-            resp = Response(request_id=doc.request_id, status=Status.error, error_class="no_answer",
-                            reason="neither a cache hit nor a generation reached postprocess", answered_by=self.name)
-            return Outcome.answer(doc, resp, self.evidence(doc, "error", "no_answer"))
+            return self._error(doc, "no_answer", "neither a cache hit nor a generation reached postprocess")
         schema = doc.body.output_schema()
-        if schema is not None:
-            problem = schema_violation(text, schema)
-            if problem is not None:  # no silent repair: the caller learns what is wrong
-                resp = Response(request_id=doc.request_id, status=Status.error, error_class="schema_invalid",
-                                reason=f"the answer does not satisfy the requested JSON schema: {problem}",
-                                answered_by=self.name, deployment=gen.deployment if gen else None)
-                return Outcome.answer(doc, resp, self.evidence(doc, "error", "schema_invalid"))
-        side: list[SideRecord] = []
-        if source == "generation" and self.embedder is not None and cache is not None and cache.decision == "miss" \
-                and gen is not None and gen.finish_reason == "stop":
-            put = put_record(doc, text, self.embedder, self.cache_policy)  # masked text: the cache never holds PII
-            if put is not None:
-                side.append(SideRecord("control", f"cache:{doc.tenant_id or ''}".encode(), put))
-        unmasked = False
+        problem = schema_violation(text, schema) if schema is not None else None
+        if problem is not None:  # no silent repair: the caller learns what is wrong
+            return self._error(doc, "schema_invalid", f"the answer does not satisfy the requested JSON schema: {problem}",
+                               deployment=gen.deployment if gen else None)
+        side = self._write_back(doc, text) if source == "generation" else []
         samples = list(gen.samples) if gen is not None and source == "generation" else []
+        unmasked = False
         token = doc.masking.restore_token if doc.masking else None
         if token and self.policy.unmask_for(doc.tenant_id):
             try:
                 mapping = open_sealed(token, doc.request_id, self.keyring)
-                text = unmask(text, mapping)
-                samples = [x.model_copy(update={"text": unmask(x.text, mapping)}) for x in samples]
-                unmasked = True
             except RestoreError:
-                resp = Response(request_id=doc.request_id, status=Status.error, error_class="unmask_failed",
-                                reason="the restore mapping does not open with this stack's keys",
-                                answered_by=self.name)
-                return Outcome.answer(doc, resp, self.evidence(doc, "error", "unmask_failed"))
-        usage = Usage(prompt_tokens=gen.tokens_in if gen else 0, completion_tokens=gen.tokens_out if gen else 0)
-        resp = Response(
-            request_id=doc.request_id, status=Status.ok, text=text, answered_by=self.name,
-            finish_reason=gen.finish_reason if gen and source == "generation" else "stop",
-            route=route.decision if route else None, model=(gen.model if gen else (route.model if route else None)),
-            deployment=gen.deployment if gen else None,
-            token_ids=gen.token_ids if gen and source == "generation" and doc.body.logprobs else None,
-            logprobs=gen.logprobs if gen and source == "generation" and doc.body.logprobs else None, cost_usd=gen.cost_usd if gen and source == "generation" else 0.0,
-            adapter=gen.adapter if gen else None, placement=route.placement if route else None,
-            cache=cache.decision if cache else None, usage=usage,
-            ttft_ms=gen.ttft_ms if gen else None, tpot_ms=gen.tpot_ms if gen else None,
-            actor_revision=gen.actor_revision or None if gen and source == "generation" else None, samples=samples)
-        scores = {"unmasked": float(unmasked), "written_back": float(bool(side))}
-        if cache is not None and cache.decision == "shadow_hit" and cache.answer is not None and gen is not None \
-                and self.embedder is not None:  # would serving the cached answer have been right?
-            a, b = self.embedder.embed([gen.text, cache.answer])
-            agreement = float(a @ b)
-            scores |= {"shadow_agreement": round(agreement, 4),
-                       "shadow_false_hit": float(agreement < self.policy.shadow_agree_min)}
+                return self._error(doc, "unmask_failed", "the restore mapping does not open with this stack's keys")
+            text = unmask(text, mapping)
+            samples = [x.model_copy(update={"text": unmask(x.text, mapping)}) for x in samples]
+            unmasked = True
+        scores = {"unmasked": float(unmasked), "written_back": float(bool(side))} | self._shadow_verdict(doc)
         ev = self.evidence(doc, "answered", f"from_{source}", scores=scores,
                            labels={"domain": cache.domain, "cache": cache.decision} if cache else {})
-        out = Outcome.answer(doc, resp, ev)
+        out = Outcome.answer(doc, self._response(doc, text, source, samples), ev)
         out.side = side
         return out
+
+    def _error(self, doc: RequestDoc, error_class: str, reason: str, deployment: str | None = None) -> Outcome:
+        resp = Response(request_id=doc.request_id, status=Status.error, error_class=error_class, reason=reason,
+                        answered_by=self.name, deployment=deployment)
+        return Outcome.answer(doc, resp, self.evidence(doc, "error", error_class))
+
+    def _write_back(self, doc: RequestDoc, text: str) -> list[SideRecord]:
+        """A cache miss whose generation stopped on its own is written back (masked text: the cache
+        never holds PII), as a side record committed with the answer."""
+        cache, gen = doc.cache, doc.generation
+        if self.embedder is None or cache is None or cache.decision != "miss" or gen is None \
+                or gen.finish_reason != "stop":
+            return []
+        put = put_record(doc, text, self.embedder, self.cache_policy)
+        return [] if put is None else [SideRecord("control", f"cache:{doc.tenant_id or ''}".encode(), put)]
+
+    def _response(self, doc: RequestDoc, text: str, source: str, samples: list) -> Response:
+        cache, route = doc.cache, doc.route
+        gen = doc.generation
+        generated = gen if gen is not None and source == "generation" else None
+        want_logprobs = generated is not None and bool(doc.body.logprobs)
+        return Response(
+            request_id=doc.request_id, status=Status.ok, text=text, answered_by=self.name,
+            finish_reason=generated.finish_reason if generated else "stop",
+            route=route.decision if route else None, model=(gen.model if gen else (route.model if route else None)),
+            deployment=gen.deployment if gen else None,
+            token_ids=generated.token_ids if want_logprobs else None,  # type: ignore[union-attr]
+            logprobs=generated.logprobs if want_logprobs else None,  # type: ignore[union-attr]
+            cost_usd=generated.cost_usd if generated else 0.0,
+            adapter=gen.adapter if gen else None, placement=route.placement if route else None,
+            cache=cache.decision if cache else None,
+            usage=Usage(prompt_tokens=gen.tokens_in if gen else 0, completion_tokens=gen.tokens_out if gen else 0),
+            ttft_ms=gen.ttft_ms if gen else None, tpot_ms=gen.tpot_ms if gen else None,
+            actor_revision=(generated.actor_revision or None) if generated else None, samples=samples)
+
+    def _shadow_verdict(self, doc: RequestDoc) -> dict[str, float]:
+        """A shadow hit: would serving the cached answer have been right? (agreement with the generation)"""
+        cache, gen = doc.cache, doc.generation
+        if cache is None or cache.decision != "shadow_hit" or cache.answer is None or gen is None \
+                or self.embedder is None:
+            return {}
+        a, b = self.embedder.embed([gen.text, cache.answer])
+        agreement = float(a @ b)
+        return {"shadow_agreement": round(agreement, 4),
+                "shadow_false_hit": float(agreement < self.policy.shadow_agree_min)}

@@ -18,6 +18,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable
+from contextlib import AsyncExitStack
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -29,10 +30,11 @@ from pipeline.ingress.http import FrontDoor, HttpServer
 from pipeline.runtime.broker import EmbeddedBroker, free_port
 from pipeline.runtime.launch import sink_worker, stage_worker, start_all
 from pipeline.runtime.metrics import serve_metrics
+from pipeline.runtime.service import serve
 from pipeline.runtime.topics import apply_topics
 from pipeline.runtime.topology import Topology
 from pipeline.stores.sql_gateway import AdminServer, admin_token_for
-from pipeline.stores.warehouse import Warehouse, open_warehouse
+from pipeline.stores.warehouse import open_warehouse
 from pipeline.stores.warehouse_sink import SINK_STAGE
 
 log = logging.getLogger(__name__)
@@ -140,10 +142,14 @@ class _ChildWorkers:
         raise StackError(f"workers not ready within {timeout_s:.0f}s: "
                          f"{[s for s in self.procs if not self.ready_file(s).exists()]}")
 
-    def start(self) -> None:
+    async def start(self) -> "_ChildWorkers":
+        """Spawn the sink (with the admin endpoint) and every stage group; return when all consume."""
         self.logs.mkdir(parents=True, exist_ok=True)
         for stage in [SINK_STAGE, *self.stages]:
             self.procs[stage] = self._spawn(stage)
+        await _wait_http(f"http://127.0.0.1:{self.admin_port}/health", 120)
+        await self.wait_ready(READY_TIMEOUT_S)
+        return self
 
     async def supervise(self, stop: asyncio.Event) -> None:
         while not stop.is_set():
@@ -156,7 +162,9 @@ class _ChildWorkers:
             except asyncio.TimeoutError:
                 pass
 
-    async def stop(self, timeout_s: float) -> None:
+    async def stop(self) -> None:
+        """SIGTERM every child (they drain), SIGKILL what is left after the drain timeout."""
+        timeout_s = self.settings.runtime.drain_timeout_s + 10
         for stage in reversed(list(self.procs)):
             proc = self.procs[stage]
             if proc.poll() is None:
@@ -185,96 +193,120 @@ async def _wait_http(url: str, timeout_s: float) -> None:
 
 async def run_stack(settings: Settings, processes: bool = False,
                     on_ready: Callable[[StackInfo], None] | None = None) -> None:
-    """The supervisor: start everything, write stack.json (then `on_ready`), wait for a signal, stop everything."""
+    """The supervisor.
+
+    1. Refuse a second stack on the data dir, and a topology with a stage that does not load.
+    2. Start the broker (embedded unless `bootstrap` names one), apply the topics, ensure the dev tenant.
+    3. Start the stages: one child process per group (`processes`), or workers in this loop with
+       the sink and the admin endpoint.
+    4. Open the front door, write stack.json, call `on_ready`.
+    5. On SIGTERM/SIGINT: remove stack.json, close the door, drain the stages, then stop the rest in
+       reverse order of start (every part is a Service on one AsyncExitStack).
+    """
     data_dir = settings.resolved_data_dir()
     data_dir.mkdir(mode=0o700, parents=True, exist_ok=True)  # keys, evidence, blobs: the owner's alone
     if running_stack(data_dir):
         raise StackError(f"a stack is already running for {data_dir} (llmpipe down first)")
-    topology = Topology(settings)
-    stages = list(topology.order)
-    broker: EmbeddedBroker | None = None
-    warehouse: Warehouse | None = None
-    admin: AdminServer | None = None
-    children: _ChildWorkers | None = None
-    http: HttpServer | None = None
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
-    try:
-        if settings.bootstrap:
-            bootstrap = settings.bootstrap
-        else:
-            broker = await EmbeddedBroker(data_dir, settings.broker_port).start()
-            bootstrap = broker.bootstrap
-        await apply_topics(bootstrap, settings.topic_prefix, topology.topic_registry())
-        dev_key_new = bool(await ensure_dev_tenant(settings, bootstrap))
-        for name in stages:
-            topology.stage_class(name)  # fail fast on a bad topology, before anything runs
+    async with AsyncExitStack() as parts:
+        parts.callback(_forget, data_dir)  # however it ends
+        up = _Up(settings, Topology(settings), stop, on_ready)
+        if not settings.bootstrap:
+            broker = await serve(parts, EmbeddedBroker(data_dir, settings.broker_port))
+            up.bootstrap = broker.bootstrap
+            if broker.proc is not None:
+                up.pids["broker"] = broker.proc.pid
+        await apply_topics(up.bootstrap, settings.topic_prefix, up.topology.topic_registry())
+        up.dev_key_new = bool(await ensure_dev_tenant(settings, up.bootstrap))
+        for name in up.stages:
+            up.topology.stage_class(name)  # fail fast on a bad topology, before anything runs
         admin_port = settings.admin_port or free_port()
         admin_token = admin_token_for(settings)  # created before a sink child reads the same file
-        metrics_url = None
-        pids = {"supervisor": os.getpid(), **({"broker": broker.proc.pid} if broker and broker.proc else {})}
         if processes:
-            children = _ChildWorkers(settings, stages, bootstrap, admin_port)
-            children.start()
-            await _wait_http(f"http://127.0.0.1:{admin_port}/health", 120)
-            await children.wait_ready(READY_TIMEOUT_S)
-            pids.update({f"worker:{s}": p.pid for s, p in children.procs.items()})
-            supervise = asyncio.create_task(children.supervise(stop))
-            http = await HttpServer(FrontDoor(settings, bootstrap), settings.http.host, settings.http.port).start()
-            info = StackInfo(bootstrap, f"http://127.0.0.1:{admin_port}", http.url, settings.topic_prefix,
-                             settings.resolved_warehouse_dsn(), stages, pids, dev_key_new=dev_key_new)
-            info.write(data_dir)
-            if on_ready is not None:
-                on_ready(info)
-            log.info("stack ready: %s", info)
-            await stop.wait()
-            await supervise
-            return
-        warehouse = open_warehouse(settings)
-        await asyncio.to_thread(warehouse.migrate)
-        admin = await AdminServer(warehouse, admin_port, admin_token).start()
-        if settings.metrics_port is not None:
-            metrics_url = f"http://127.0.0.1:{serve_metrics(settings.metrics_port, settings.metrics_host)}/metrics"
-        workers = [sink_worker(settings, bootstrap, warehouse)] + [
-            stage_worker(settings, topology, s, bootstrap) for s in stages
-        ]
-        ready = asyncio.Event()
+            await _run_children(up, parts, admin_port)
+        else:
+            await _run_in_loop(up, parts, admin_port, admin_token)
 
-        async def announce() -> None:
-            nonlocal http
-            await ready.wait()
-            http = await HttpServer(FrontDoor(settings, bootstrap), settings.http.host, settings.http.port).start()
-            info = StackInfo(bootstrap, admin.url, http.url, settings.topic_prefix, settings.resolved_warehouse_dsn(),
-                             stages, pids, metrics_url, dev_key_new=dev_key_new)
-            info.write(data_dir)
-            if on_ready is not None:
-                on_ready(info)
-            log.info("stack ready: broker %s, admin %s, stages %s", bootstrap, admin.url, stages or "none")
 
-        announcer = asyncio.create_task(announce())
-        async def close_door() -> None:  # before the stages drain: no new requests meanwhile
-            nonlocal http
-            if http is not None:
-                await http.stop()
-                http = None
+@dataclass
+class _Up:
+    """What run_stack has started so far, for the step that announces it."""
 
-        runner = asyncio.create_task(_run_workers(workers, stop, ready, close_door))
-        await runner
+    settings: Settings
+    topology: Topology
+    stop: asyncio.Event
+    on_ready: Callable[[StackInfo], None] | None
+    bootstrap: str = ""
+    dev_key_new: bool = False
+    pids: dict[str, int] = field(default_factory=lambda: {"supervisor": os.getpid()})
+
+    def __post_init__(self) -> None:
+        self.bootstrap = self.bootstrap or self.settings.bootstrap or ""
+
+    @property
+    def stages(self) -> list[str]:
+        return list(self.topology.order)
+
+    def announce(self, admin_url: str, http_url: str, metrics_url: str | None = None) -> None:
+        s = self.settings
+        info = StackInfo(self.bootstrap, admin_url, http_url, s.topic_prefix, s.resolved_warehouse_dsn(), self.stages,
+                         self.pids, metrics_url, dev_key_new=self.dev_key_new)
+        info.write(s.resolved_data_dir())
+        if self.on_ready is not None:
+            self.on_ready(info)
+        log.info("stack ready: broker %s, admin %s, stages %s", self.bootstrap, admin_url, self.stages or "none")
+
+
+def _forget(data_dir: Path) -> None:
+    (data_dir / STACK_FILE).unlink(missing_ok=True)
+
+
+async def _run_children(up: _Up, parts: AsyncExitStack, admin_port: int) -> None:
+    s = up.settings
+    children = await serve(parts, _ChildWorkers(s, up.stages, up.bootstrap, admin_port))
+    up.pids.update({f"worker:{name}": p.pid for name, p in children.procs.items()})
+    supervise = asyncio.create_task(children.supervise(up.stop))
+    http = await serve(parts, HttpServer(FrontDoor(s, up.bootstrap), s.http.host, s.http.port))
+    up.announce(f"http://127.0.0.1:{admin_port}", http.url)
+    await up.stop.wait()
+    await supervise
+    _forget(s.resolved_data_dir())  # then the door closes, then the children drain (the exit stack)
+
+
+async def _run_in_loop(up: _Up, parts: AsyncExitStack, admin_port: int, admin_token: str) -> None:
+    s = up.settings
+    warehouse = open_warehouse(s)
+    parts.callback(warehouse.close)
+    await asyncio.to_thread(warehouse.migrate)
+    admin = await serve(parts, AdminServer(warehouse, admin_port, admin_token))
+    metrics_url = None
+    if s.metrics_port is not None:
+        metrics_url = f"http://127.0.0.1:{serve_metrics(s.metrics_port, s.metrics_host)}/metrics"
+    workers = [sink_worker(s, up.bootstrap, warehouse)] + [stage_worker(s, up.topology, n, up.bootstrap)
+                                                           for n in up.stages]
+    ready = asyncio.Event()
+    door: list[HttpServer] = []
+
+    async def announce() -> None:
+        await ready.wait()
+        door.append(await HttpServer(FrontDoor(s, up.bootstrap), s.http.host, s.http.port).start())
+        up.announce(admin.url, door[0].url, metrics_url)
+
+    async def close_door() -> None:  # before the stages drain: no new requests meanwhile
+        _forget(s.resolved_data_dir())
+        while door:
+            await door.pop().stop()
+
+    parts.push_async_callback(close_door)  # also when a stage fails to start
+    announcer = asyncio.create_task(announce())
+    try:
+        await _run_workers(workers, up.stop, ready, close_door)
         await announcer
     finally:
-        (data_dir / STACK_FILE).unlink(missing_ok=True)
-        if http is not None:  # the door closes first: no new requests while the stages drain
-            await http.stop()
-        if children is not None:
-            await children.stop(settings.runtime.drain_timeout_s + 10)
-        if admin is not None:
-            await admin.stop()
-        if warehouse is not None:
-            warehouse.close()
-        if broker is not None:
-            broker.stop()
+        announcer.cancel()
 
 
 async def _run_workers(workers, stop: asyncio.Event, ready: asyncio.Event, before_stop) -> None:

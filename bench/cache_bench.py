@@ -211,7 +211,7 @@ def gate_cost() -> dict[str, float]:
     """The verification gate on real labelled pairs: cold (neither text analysed before) and with
     the cached prompt's analysis memoised, as it is once an entry has been a candidate."""
     from pipeline.engines.text_analyzer import TextAnalyzer
-    from pipeline.stages.cache.policy import gate
+    from pipeline.stages.cache.gate import gate
 
     lines = [json.loads(x) for x in (ROOT / "tests" / "data" / "cache_pairs.jsonl").read_text().splitlines() if x]
     t0 = time.perf_counter()

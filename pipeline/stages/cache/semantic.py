@@ -18,17 +18,15 @@ from pipeline.contracts.base import now_ms
 from pipeline.contracts.request import CacheSection
 from pipeline.engines.embedder import Embedder, vector_to_b64
 from pipeline.engines.text_analyzer import TextAnalyzer, shared_analyzer
+from pipeline.stages.cache.gate import GateRules, GateVerdict, gate
 from pipeline.stages.cache.policy import (
     BOUNDARY_FIELDS,
     Boundary,
     CachePolicy,
-    GateRules,
-    GateVerdict,
     boundary_for,
     bypass_reason,
     cache_text,
     detect_domain,
-    gate,
 )
 from pipeline.stores.vector_index import Condition, IndexEntry, Match, Range, VectorIndex
 

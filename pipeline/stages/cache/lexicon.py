@@ -1,0 +1,95 @@
+"""The gate's word lists: negation, stop words, phrases, number words, words that pin down which thing
+is meant, and the paraphrase lexicon (grown on tests/data/cache_pairs.jsonl; see README). Data only."""
+
+from __future__ import annotations
+
+NEGATION_EN = {"not", "no", "never", "without", "cannot", "can't", "won't", "don't", "doesn't", "didn't",
+                "isn't", "aren't", "wasn't", "shouldn't", "couldn't", "wouldn't", "exclude", "excluding", "except",
+                "neither", "nor", "unable", "fail", "failed", "fails"}
+
+NEGATION_KO = ("안 ", "못 ", "않", "없", "말고", "제외", "아니", "불가", "실패", "안돼", "안되", "안 돼", "못해")
+
+STOP_EN = {
+    "a", "an", "the", "i", "me", "my", "mine", "you", "your", "we", "our", "us", "it", "its", "is", "are", "was",
+    "were", "be", "been", "am", "do", "does", "did", "to", "of", "in", "on", "at", "for", "with", "and", "or", "so",
+    "how", "what", "when", "where", "why", "which", "who", "can", "could", "would", "should", "will", "shall",
+    "may", "might", "must", "please", "pls", "plz", "hi", "hello", "hey", "thanks", "thank", "there", "this",
+    "that", "these", "those", "if", "get", "got", "need", "want", "like", "just", "some", "any", "there's",
+    "i'm", "i've", "it's", "what's", "how's", "let", "know", "tell", "help", "way", "about", "from", "by", "up",
+    "into", "out", "again", "also", "ok", "okay", "kindly", "possible", "anyone", "someone", "go", "have", "has",
+    "make", "able", "really", "anymore", "still", "already", "even", "exactly", "actually", "yes",
+}
+
+STOP_KO = {"어떻게", "어떡해", "좀", "제", "저", "나", "내", "혹시", "그", "이거", "저거", "뭐", "무엇", "언제",
+            "어디", "왜", "안녕하세요", "감사합니다", "부탁", "부탁드립니다", "방법", "알려", "알려주세요", "궁금",
+            "수", "때", "것", "거", "법", "하", "되", "있", "없", "가능", "필요", "싶", "주", "보", "알", "어떻",
+            "이렇", "그렇", "어떤", "뭐뭐", "얼마나", "얼마", "이", "데", "줄", "뿐", "듯", "만큼",
+            "번", "개", "원", "적", "채", "중", "등", "분", "쪽", "편", "해", "드리", "받", "알리", "주시"}
+
+# Multi-word expressions that are one word to the gate: "turn on" is "enable" (normalised before
+# analysis, so "turn on dark mode" and "enable dark mode" compare as the same verb).
+PHRASES = [
+    (r"\bturn(?:s|ed|ing)? on\b", "enable"), (r"\bturn(?:s|ed|ing)? off\b", "disable"),
+    (r"\bswitch(?:es|ed|ing)? on\b", "enable"), (r"\bswitch(?:es|ed|ing)? off\b", "disable"),
+    (r"\bsign(?:s|ed|ing)? ?up\b", "register"), (r"\bsign(?:s|ed|ing)? ?in\b", "login"),
+    (r"\blog(?:s|ged|ging)? ?in(?:to)?\b", "login"), (r"\bsign(?:s|ed|ing)? ?out\b", "logout"),
+    (r"\blog(?:s|ged|ging)? ?(?:me )?out\b", "logout"), (r"\bwork(?:s|ed|ing)? out\b", "exercise"),
+    (r"\bpick(?:s|ed|ing)? ?up\b", "collect"), (r"\bp\.?o\.? box", "pobox"), (r"\bset ?up\b", "setup"),
+    (r"\bin-?store\b", "store"),
+]
+
+KO_NATIVE = {"한": 1, "두": 2, "세": 3, "네": 4, "다섯": 5}
+
+EN_NUMBER = {"two": 2, "three": 3, "four": 4, "five": 5, "six": 6, "seven": 7, "eight": 8, "nine": 9, "ten": 10,
+              "twice": 2, "double": 2, "dozen": 12}
+
+KO_UNIT = {"십": 10, "백": 100, "천": 1_000, "만": 10_000, "억": 100_000_000}
+
+# Words that pin down *which* thing is meant: they must match exactly, never by similarity.
+SPECIFIC = {
+    "monday", "tuesday", "wednesday", "thursday", "friday", "saturday", "sunday", "weekend", "weekday",
+    "january", "february", "march", "april", "june", "july", "august", "september", "october", "november",
+    "december", "today", "tomorrow", "yesterday", "tonight", "morning", "afternoon", "evening", "night", "am", "pm",
+    "week", "month", "year", "daily", "weekly", "monthly", "yearly", "annual",
+    "enable", "disable", "include", "exclude", "add", "remove", "delete", "open", "close", "start", "stop",
+    "upgrade", "downgrade", "buy", "sell", "import", "export", "upload", "download", "before", "after",
+    "good", "bad", "best", "worst", "avoid", "safe", "unsafe", "email", "mail", "mailing", "postal", "billing",
+    "shipping", "home", "work", "business", "personal", "first", "last", "new", "old", "next", "previous",
+    "coming", "upcoming", "early", "late", "earlier", "later", "install", "uninstall", "login", "logout",
+    "lock", "unlock", "send", "receive", "increase", "decrease", "raise", "lower", "more", "less",
+    # tiers and options: the same question about another product or service level
+    "express", "standard", "economy", "priority", "overnight", "international", "domestic", "free", "paid",
+    "premium", "basic", "pro", "plus", "lite", "family", "student", "trial", "gold", "silver",
+}
+
+SPECIFIC_KO = {"켜", "끄", "꺼", "추가", "삭제", "포함", "별도", "제외", "오전", "오후", "어제", "오늘", "내일", "주말", "평일",
+                "열", "닫", "시작", "중지", "해지", "가입", "올리", "내리", "좋", "나쁘", "피하", "피해", "좋은", "나쁜",
+                "설치", "로그인", "로그아웃", "보내", "늘리", "줄이", "이번", "다음", "지난",
+                "특급", "빠른배송", "일반배송", "해외", "국내", "무료", "유료", "프리미엄", "베이직", "프로", "플러스",
+                "패밀리", "학생", "체험"}
+
+# Paraphrase lexicon: words that name the same thing (grown on tests/data/cache_pairs.jsonl: see README).
+SYNONYMS = [
+    {"ship", "deliver", "delivery", "shipping", "send"}, {"reset", "recover", "change"},
+    {"password", "passcode", "pw"}, {"app", "application"}, {"buy", "purchase"}, {"price", "cost"},
+    {"refund", "reimburse", "money back"}, {"cancel", "cancellation", "stop", "terminate"},
+    {"register", "signup", "subscribe", "enroll"}, {"login", "log", "signin"}, {"phone", "mobile", "cell"},
+    {"store", "shop"}, {"item", "product", "something", "thing"}, {"symptom", "sign"}, {"cause", "reason"},
+    {"fee", "charge", "cost", "much"}, {"long", "duration", "time"}, {"change", "update", "edit", "modify", "switch", "set"},
+    {"package", "parcel"}, {"history", "record", "log"}, {"safe", "secure"}, {"website", "site"},
+    {"picture", "photo", "image"}, {"hour", "time"}, {"copy", "download", "export"}, {"teen", "teenager", "adolescent"},
+    {"often", "frequently"}, {"fast", "quickly", "quick"}, {"human", "person", "agent", "representative"},
+    {"talk", "speak", "chat"}, {"contact", "reach"}, {"find", "locate", "check", "see", "view", "look"},
+    {"top", "first"}, {"pair", "connect"}, {"offer", "sell", "provide", "have"}, {"show", "display", "read"},
+    {"common", "typical", "usual"}, {"signature", "sign"}, {"auto", "automatic"}, {"arrive", "come"},
+    {"lower", "reduce", "decrease", "cut"}, {"raise", "increase"}, {"forget", "lose"}, {"apply", "enter", "use"},
+    {"drain", "die"},
+    {"비밀번호", "비번", "패스워드"}, {"재설정", "초기화", "변경", "바꾸"}, {"배송", "택배", "배달"},
+    {"앱", "어플", "애플리케이션"}, {"환불", "돈"}, {"취소", "캔슬", "해지"}, {"가입", "등록", "신청", "구독"}, {"제품", "상품", "물건"},
+    {"구매", "구입", "사"}, {"가격", "비용", "요금"}, {"판매", "팔"}, {"연결", "페어링"}, {"출력", "인쇄", "프린트"},
+    {"교환", "바꿔"}, {"신청", "접수"}, {"방법", "어떻게"}, {"휴대폰", "폰", "핸드폰", "휴대전화"}, {"기록", "내역"},
+    {"리뷰", "후기"}, {"공복", "빈속"}, {"회원", "멤버십"}, {"삭제", "지우"}, {"사인", "서명"}, {"커서", "포인터"},
+    {"수정", "변경", "바꾸"}, {"발급", "발행"}, {"스크린샷", "캡처", "화면캡처"}, {"모든", "전체", "전부"},
+    {"카톡", "카카오톡"}, {"잊어버리", "까먹", "잊"}, {"확인", "보", "조회"}, {"대화", "채팅"}, {"성인", "어른"}, {"원인", "이유"}, {"일반", "기본", "보통"},
+    {"작성", "남기"}, {"송장", "운송장"}, {"다운로드", "내려받"}, {"저장공간", "용량", "저장용량"},
+]

@@ -13,7 +13,7 @@ from pipeline.contracts.request import RequestContext
 from pipeline.registries.tenants import TenantRegistry, key_hash, new_api_key
 from pipeline.security.caller_assertion import AssertionRefused, sign, verify
 from pipeline.security.sealing import Keyring
-from pipeline.stages.mask.stage import authenticate
+from pipeline.stages.mask.auth import authenticate
 
 KEYRING = Keyring({"k1": os.urandom(32)}, "k1")
 

@@ -24,7 +24,7 @@ from pipeline.runtime.codec import decode
 from pipeline.runtime.launch import stage_worker
 from pipeline.runtime.topics import TopicNames
 from pipeline.runtime.topology import Topology
-from pipeline.stages.mask.stage import authenticate
+from pipeline.stages.mask.auth import authenticate
 from tests.conftest import ROOT, create_topics, read_topic, settings_for
 
 

@@ -1,5 +1,7 @@
-"""mask: the first stage. PII is replaced by typed placeholders before any other stage sees the
-text; the restore mapping travels sealed in `masking.restore_token` for postprocess alone.
+"""mask: the first stage. It authenticates the caller (auth.py), holds the tenant's size limit
+(limits.py), and replaces PII by typed placeholders (pii.py, recognizers.py) before any other stage
+sees the text; the restore mapping travels sealed (security/sealing.py, shared with postprocess) in
+`masking.restore_token` for postprocess alone.
 
 Policy: `MaskPolicy` (pipeline.stages.mask.pii), with per-tenant overrides under `tenants`.
 Evidence: decision masked|clean, entity counts by type, policy version, engine revision - never
@@ -13,14 +15,13 @@ from typing import Any
 
 from pydantic import Field
 
-from pipeline.config.tenants import TenantLimits
 from pipeline.contracts import RequestDoc, Response, Status
-from pipeline.contracts.request import ANONYMOUS_TENANT, ChatMessage, MaskingSection
+from pipeline.contracts.request import ChatMessage, MaskingSection
 from pipeline.registries.tenants import TenantRegistry
 from pipeline.runtime.stage import Outcome, StageContext, ThreadedStage
-from pipeline.security.caller_assertion import AssertionRefused
-from pipeline.security.caller_assertion import verify as verify_assertion
 from pipeline.security.sealing import Keyring, keyring_for, seal
+from pipeline.stages.mask.auth import authenticate
+from pipeline.stages.mask.limits import size_refusal
 from pipeline.stages.mask.pii import Masker, MaskFailed, MaskPolicy, MaskResult
 
 
@@ -48,48 +49,6 @@ def mask_document(doc: RequestDoc, masker: Masker, keyring: Keyring) -> tuple[Re
     )
     body = doc.body.model_copy(update={"messages": messages})
     return doc.model_copy(update={"body": body, "masking": section}), result
-
-
-def authenticate(doc: RequestDoc, registry: TenantRegistry, required: bool,
-                 keyring: Keyring | None = None) -> tuple[RequestDoc, str | None, str]:
-    """(doc with the key stripped and the caller filled in, rejection class or None, reason).
-    The key never travels past this stage; only its key id reaches evidence. A front door's
-    caller assertion stands for a key it verified (pipeline.security.caller_assertion)."""
-    if doc.caller_assertion is not None and doc.api_key is None:
-        stripped = doc.model_copy(update={"caller_assertion": None})
-        if keyring is None:
-            return stripped, "unauthenticated", "caller assertions are not accepted here"
-        try:
-            vouched = verify_assertion(doc.caller_assertion, doc, keyring)
-        except AssertionRefused as exc:
-            return stripped, "unauthenticated", str(exc)
-        caller = registry.by_key_id(vouched.key_id)
-        if caller is None or caller.tenant != vouched.tenant:
-            return stripped, "unauthenticated", "revoked_key"
-        return stripped.model_copy(update={"tenant_id": caller.tenant, "principal": caller.principal,
-                                           "roles": list(caller.roles), "key_id": caller.key_id}), \
-            None, f"key {caller.key_id} (asserted by the front door)"
-    if doc.api_key is None:
-        if required:
-            return doc, "unauthenticated", "an API key is required"
-        if doc.tenant_id is None:  # auth is off: still a tenant, metered and scoped like any other
-            return doc.model_copy(update={"tenant_id": ANONYMOUS_TENANT}), None, "no key: anonymous"
-        return doc, None, "no key: trusted producer"
-    caller = registry.authenticate(doc.api_key)
-    stripped = doc.model_copy(update={"api_key": None, "caller_assertion": None})
-    if caller is None:
-        return stripped, "unauthenticated", registry.why_refused(doc.api_key)
-    if doc.tenant_id is not None and doc.tenant_id != caller.tenant:
-        return stripped, "unauthenticated", "the key belongs to another tenant"
-    authed = stripped.model_copy(update={"tenant_id": caller.tenant, "principal": caller.principal,
-                                         "roles": list(caller.roles), "key_id": caller.key_id})
-    return authed, None, f"key {caller.key_id}"
-
-
-def size_refusal(doc: RequestDoc, limits: TenantLimits) -> str | None:
-    limit = limits.max_prompt_chars
-    n = sum(len(m.content) for m in doc.body.messages)
-    return f"prompt of {n} characters > {limit}" if n > limit else None
 
 
 class MaskStage(ThreadedStage):
@@ -120,6 +79,8 @@ class MaskStage(ThreadedStage):
         return Outcome.answer(doc, resp, self.evidence(doc, "rejected", f"{error_class}: {evidence_reason}"))
 
     def decide(self, doc: RequestDoc) -> Outcome:
+        """1. authenticate (the key or the front door's assertion); 2. the tenant's size limit;
+        3. mask, failing closed."""
         doc, refused, why = authenticate(doc, self.registry, self.ctx.settings.auth.required, self.keyring)
         if refused is not None:  # the caller does not learn whether a key is unknown or revoked
             told = "unknown or revoked API key" if why in ("unknown_key", "revoked_key") else why

@@ -18,7 +18,7 @@ from pipeline.runtime.codec import decode
 from pipeline.runtime.launch import stage_worker
 from pipeline.runtime.topics import TopicNames
 from pipeline.runtime.topology import Topology
-from tests.conftest import Proc, create_topics, read_topic, wait_until
+from tests.conftest import Proc, create_topics, read_topic
 from tests.test_admit_stack import body, burst, stack
 
 pytestmark = [pytest.mark.integration, pytest.mark.asyncio(loop_scope="session")]

@@ -11,7 +11,7 @@ import pytest
 from aiokafka import AIOKafkaProducer
 
 from pipeline.contracts import Evidence
-from pipeline.contracts.request import ChatBody, ChatMessage, RequestContext
+from pipeline.contracts.request import ChatBody, ChatMessage
 from pipeline.engines.embedder import Embedder
 from pipeline.ingress import Client
 from pipeline.runtime.codec import decode, encode

@@ -17,8 +17,8 @@ from pipeline.contracts import BreakerUpdate, ControlRecord, Evidence
 from pipeline.contracts.base import now_ms
 from pipeline.contracts.request import ChatBody, ChatMessage, RequestContext, ResponseFormat
 from pipeline.engines.vllm_server import VllmServer
-from pipeline.runtime.broker import free_port
 from pipeline.ingress import Client
+from pipeline.runtime.broker import free_port
 from pipeline.runtime.codec import decode
 from pipeline.runtime.launch import stage_worker
 from pipeline.runtime.topics import TopicNames

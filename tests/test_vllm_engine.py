@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 import pytest_asyncio
 
-from pipeline.engines.model_prep import model_dir
 from pipeline.engines.chat_engine import Sampling
+from pipeline.engines.model_prep import model_dir
 from pipeline.engines.vllm_engine import VllmEngine
 from tests.conftest import ROOT
 

@@ -11,7 +11,7 @@ import sys
 from collections.abc import Callable
 from functools import wraps
 from pathlib import Path
-from typing import Annotated, Any, Optional
+from typing import TYPE_CHECKING, Annotated, Any, Optional
 
 import orjson
 import typer
@@ -21,6 +21,9 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from pipeline.config.settings import Settings, load_settings
+
+if TYPE_CHECKING:
+    from datetime import datetime
 
 # a pipe or a CI log gets wide tables, not rich's 80-column default
 out = Console(width=None if sys.stdout.isatty() else int(os.environ.get("COLUMNS", "150")))

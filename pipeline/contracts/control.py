@@ -9,9 +9,9 @@ from typing import Annotated, Any, Literal, Union
 
 from pydantic import Field, RootModel
 
-from pipeline.contracts.base import WireModel, now_ms
 from pipeline.contracts.actor import ActorActivated, ActorPrepared, ActorRejected, ActorReplicaReport
 from pipeline.contracts.adapter import AdapterSpec, AdapterState
+from pipeline.contracts.base import WireModel, now_ms
 
 CONTROL_SCHEMA = "control/v1"
 

@@ -8,7 +8,6 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-# Fixed namespace: the same id maps to the same point id in every process and every release.
 from pipeline.stores.vector_index import (
     Candidate,
     Condition,

@@ -9,7 +9,6 @@ from pathlib import Path
 
 import numpy as np
 
-# Fixed namespace: the same id maps to the same point id in every process and every release.
 from pipeline.stores.vector_index import (
     Candidate,
     Condition,

@@ -85,6 +85,8 @@ NON_RETRYABLE = {"context_too_long", "invalid_request", "content_policy", "unaut
 
 
 class RetryPolicy(BaseModel):
+    # an HTTP deployment: the attempt's limit; in-process vLLM: how long the whole engine may produce
+    # nothing before the attempt fails (it is otherwise bounded by the deadline: a busy engine is no failure)
     attempt_timeout_ms: int = 30_000
     backoff_base_ms: int = 200
     backoff_max_ms: int = 5_000

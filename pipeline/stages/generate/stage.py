@@ -67,7 +67,8 @@ def build_engine(d: Deployment, *, default_model_dir: Path, default_revision: st
     revision = d.revision or revision
     return VllmEngine(model_dir, revision=revision, cache_dir=s.resolved_data_dir() / "cache", dtype=s.engine.dtype,
                       max_model_len=min(d.max_context, s.engine.max_model_len), max_num_seqs=s.engine.max_num_seqs,
-                      lora=s.lora if d.lora else None, adapters_dir=s.resolved_data_dir() / "adapters")
+                      lora=s.lora if d.lora else None, adapters_dir=s.resolved_data_dir() / "adapters",
+                      stall_timeout_s=attempt_timeout_s)
 
 
 def gate_for(d: Deployment, ctx: StageContext, policy: GeneratePolicy) -> FairGate:
@@ -298,13 +299,17 @@ class GenerateStage(Stage):
 
     async def _attempt(self, a: Attempts, plan: Plan, d: Deployment, remaining_ms: float, t0: float) -> Attempted:
         """One attempt on `d`: a fair-gate slot, the adapter made resident, the engine call under the
-        attempt timeout (less the adapter's load). Raises EngineError."""
+        attempt timeout (less the adapter's load). An engine that watches its own progress (in-process
+        vLLM fails an attempt when it stalls) is bounded by the deadline alone: a slow but working
+        engine is not a failure, and a retry would only queue the same work again. Raises EngineError."""
         adapter_before, load_ms = "", 0.0
         in_flight = self.gates[d.name].in_flight
         async with self.gates[d.name].slot(plan.lane, plan.engine_tokens) as waited:
             if plan.spec is not None:
                 adapter_before, load_ms = await self._prepare_adapter(a, d, plan.spec)
-            timeout_s = max(0.001, min(self.policy.retry.attempt_timeout_ms, remaining_ms) / 1000 - load_ms / 1000)
+            limit_ms = remaining_ms if getattr(self.engines[d.name], "watches_progress", False) else \
+                min(self.policy.retry.attempt_timeout_ms, remaining_ms)
+            timeout_s = max(0.001, (limit_ms - load_ms) / 1000)
             try:
                 gens = await asyncio.wait_for(self._sample(d, a.doc, plan.messages, plan.sampling, plan.spec, plan.n),
                                               timeout_s)

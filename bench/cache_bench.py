@@ -43,14 +43,9 @@ from rich.table import Table  # noqa: E402
 
 from bench._common import CpuWindow, pct  # noqa: E402
 from pipeline.engines.embedder import Embedder  # noqa: E402
-from pipeline.stores.vector_index import (  # noqa: E402
-    EdgeIndex,
-    IndexEntry,
-    Match,
-    QdrantClientIndex,
-    Range,
-    VectorIndex,
-)
+from pipeline.stores.qdrant_client_index import QdrantClientIndex  # noqa: E402
+from pipeline.stores.qdrant_edge_index import EdgeIndex  # noqa: E402
+from pipeline.stores.vector_index import IndexEntry, Match, Range, VectorIndex  # noqa: E402
 
 TARGET_P95_MS = 25.0
 TENANTS = [f"tenant-{i:02d}" for i in range(50)]

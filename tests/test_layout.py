@@ -127,3 +127,17 @@ def test_every_cli_group_is_reachable():
     assert len(defined) >= 8 and all(t in groups for t in defined.values()), \
         [n for n, t in defined.items() if t not in groups]
     assert all(t.registered_commands for t in defined.values())
+
+
+def test_every_bench_script_imports():
+    """The store split once left bench/cache_bench.py importing names that had moved."""
+    import importlib
+
+    bench = Path(__file__).resolve().parents[1] / "bench"
+    failed = {}
+    for f in sorted(bench.glob("*.py")):
+        try:
+            importlib.import_module(f"bench.{f.stem}")
+        except Exception as exc:  # noqa: BLE001 - any failure to import is the finding
+            failed[f.name] = repr(exc)[:200]
+    assert not failed, failed

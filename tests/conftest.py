@@ -30,6 +30,51 @@ ROOT = Path(__file__).resolve().parents[1]
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 
+def _dump_asyncio_tasks(what: str) -> None:
+    """Print the stack of every pending asyncio task (pytest-timeout prints only threads, and a
+    hung async test sits idle in the loop's select, so its threads say nothing)."""
+    import traceback
+
+    tasks: list[asyncio.Task] = []
+    for _ in range(3):  # the WeakSet may change while another thread runs the loop
+        try:
+            tasks = [t for t in list(asyncio.tasks._all_tasks) if not t.done()]  # type: ignore[attr-defined]
+            break
+        except RuntimeError:
+            time.sleep(0.01)
+    else:
+        return
+    out = [f"==== {what}: {len(tasks)} pending asyncio tasks ===="]
+    for t in tasks:
+        out.append(f"--- {t.get_name()} {t.get_coro()!r}")
+        aw = t.get_coro()
+        while aw is not None:  # follow the await chain down to the future it waits on
+            frame = getattr(aw, "cr_frame", None) or getattr(aw, "gi_frame", None)
+            if frame is None:
+                out.append(f"    waits on {aw!r}"[:300])
+                break
+            out.append("".join(traceback.format_stack(frame, limit=1)).rstrip())
+            aw = getattr(aw, "cr_await", None) or getattr(aw, "gi_yieldfrom", None)
+    print("\n".join(out), file=sys.stderr, flush=True)
+
+
+@pytest.fixture(autouse=True)
+def _task_dump_before_timeout(request: pytest.FixtureRequest):
+    """Shortly before pytest-timeout fails a test, say where each asyncio task waits."""
+    marker = request.node.get_closest_marker("timeout")
+    limit = float(marker.args[0]) if marker and marker.args else float(request.config.getini("timeout") or 0)
+    if limit <= 30:
+        yield
+        return
+    timer = threading.Timer(limit - 20, _dump_asyncio_tasks, args=(request.node.nodeid,))
+    timer.daemon = True
+    timer.start()
+    try:
+        yield
+    finally:
+        timer.cancel()
+
+
 @pytest_asyncio.fixture(scope="session", loop_scope="session")
 async def broker(tmp_path_factory: pytest.TempPathFactory) -> EmbeddedBroker:
     b = await EmbeddedBroker(tmp_path_factory.mktemp("broker")).start()
@@ -85,8 +130,9 @@ class Proc:
                     "LLMPIPE_TOPIC_PREFIX": settings.topic_prefix, "LLMPIPE_DATA_DIR": str(settings.data_dir),
                     **(env or {})}
         self.log = log
-        self.proc = subprocess.Popen([sys.executable, "-m", "pipeline.cli", "worker", stage, *(args or [])],
-                                     cwd=ROOT, env=full_env, stdout=open(log, "ab"), stderr=subprocess.STDOUT)
+        with open(log, "ab") as out:  # the child keeps its own copy of the descriptor
+            self.proc = subprocess.Popen([sys.executable, "-m", "pipeline.cli", "worker", stage, *(args or [])],
+                                         cwd=ROOT, env=full_env, stdout=out, stderr=subprocess.STDOUT)
 
     @property
     def pid(self) -> int:

@@ -119,7 +119,8 @@ async def _read_range(consumer: AIOKafkaConsumer, tps: list[TopicPartition], rng
     open_tps = set(tps)
     idle = 0.0
     while open_tps:
-        batches = await asyncio.wait_for(consumer.getmany(*open_tps, timeout_ms=200, max_records=500), 30)
+        async with asyncio.timeout(30):
+            batches = await consumer.getmany(*open_tps, timeout_ms=200, max_records=500)
         got = [r for recs in batches.values() for r in recs]
         if not got:
             idle += 200

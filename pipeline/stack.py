@@ -158,8 +158,9 @@ class _ChildWorkers:
                     log.warning("worker %s exited with %s; restarting", stage, proc.returncode)
                     self.procs[stage] = self._spawn(stage)
             try:
-                await asyncio.wait_for(stop.wait(), 1.0)
-            except asyncio.TimeoutError:
+                async with asyncio.timeout(1.0):
+                    await stop.wait()
+            except TimeoutError:
                 pass
 
     async def stop(self) -> None:

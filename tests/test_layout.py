@@ -100,6 +100,16 @@ def test_no_function_is_over_60_lines():
     assert not long, long
 
 
+def test_no_asyncio_wait_for():
+    """On Python 3.11, asyncio.wait_for returns the inner result instead of raising CancelledError
+    when its task is cancelled just as the inner await completes (bpo-42130); a loop over it may
+    then never stop (a test client hung in stop() this way). asyncio.timeout() has no such race."""
+    calls = [f"{m}:{node.lineno}" for m, src in modules().items() for node in ast.walk(ast.parse(src))
+             if isinstance(node, ast.Attribute) and node.attr == "wait_for"
+             and isinstance(node.value, ast.Name) and node.value.id == "asyncio"]
+    assert not calls, calls
+
+
 def test_one_definition_of_the_shared_helpers():
     defs = {}
     for m, src in modules().items():

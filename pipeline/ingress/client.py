@@ -60,6 +60,7 @@ class Client:
         self.duplicates = 0
         self.unknown = 0
         self._reader: asyncio.Task | None = None
+        self._closing = False
 
     async def start(self) -> "Client":
         self.producer = AIOKafkaProducer(bootstrap_servers=self.bootstrap, acks="all", linger_ms=1,
@@ -82,6 +83,7 @@ class Client:
         return self
 
     async def stop(self) -> None:
+        self._closing = True  # the reader also checks this: a cancel alone can land between polls
         if self._reader is not None:
             self._reader.cancel()
             await asyncio.gather(self._reader, return_exceptions=True)
@@ -156,15 +158,16 @@ class Client:
 
     async def wait(self, request_id: str, fut: asyncio.Future[Response], timeout_s: float | None = None) -> Response:
         try:
-            return await asyncio.wait_for(asyncio.shield(fut), timeout_s or self.default_timeout_s)
-        except asyncio.TimeoutError:
+            async with asyncio.timeout(timeout_s or self.default_timeout_s):
+                return await asyncio.shield(fut)
+        except TimeoutError:
             self._pending.pop(request_id, None)
             raise ClientTimeout(f"no answer for {request_id} within {timeout_s or self.default_timeout_s:.0f}s") from None
 
     async def _read_replies(self) -> None:
         assert self.consumer is not None
         pacer = FetchPacer(self.consumer, 5, 100, 500)  # fast while answers are awaited
-        while True:
+        while not self._closing:
             batches = await guarded_getmany(self.consumer, "client replies", timeout_ms=20)
             pacer.saw(sum(len(r) for r in batches.values()) + len(self._pending))
             for records in batches.values():

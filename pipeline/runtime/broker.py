@@ -52,8 +52,9 @@ async def wait_ready(bootstrap: str, timeout_s: float = 20.0) -> None:
     while time.monotonic() < deadline:
         admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap, request_timeout_ms=2000)
         try:
-            await asyncio.wait_for(admin.start(), 3)
-            await asyncio.wait_for(admin.list_topics(), 3)
+            async with asyncio.timeout(6):
+                await admin.start()
+                await admin.list_topics()
             return
         except Exception as exc:  # noqa: BLE001 - any failure means "not yet"
             last = exc

@@ -65,9 +65,10 @@ class BoundedQueue(Generic[T]):
 
     async def wait_below_low(self, timeout: float) -> bool:
         try:
-            await asyncio.wait_for(self._below_low.wait(), timeout)
+            async with asyncio.timeout(timeout):
+                await self._below_low.wait()
             return True
-        except asyncio.TimeoutError:
+        except TimeoutError:
             return False
 
     def drain_nowait(self) -> list[T]:

@@ -79,7 +79,8 @@ class ControlFollower:
             ev = self._waiting[marker.marker_id] = asyncio.Event()
             events.append(ev)
             await self.producer.send_and_wait(self.topic, encode(marker), partition=p)
-        await asyncio.wait_for(asyncio.gather(*(e.wait() for e in events)), timeout_s)
+        async with asyncio.timeout(timeout_s):
+            await asyncio.gather(*(e.wait() for e in events))
 
     async def _follow(self) -> None:
         assert self.consumer is not None

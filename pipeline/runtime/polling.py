@@ -17,8 +17,11 @@ async def guarded_getmany(consumer: AIOKafkaConsumer, what: str, *, timeout_ms: 
                           max_records: int | None = None) -> dict:
     """getmany bounded by `guard_s`; {} (after logging) when it times out or fails."""
     try:
-        return await asyncio.wait_for(consumer.getmany(timeout_ms=timeout_ms, max_records=max_records), guard_s)
-    except asyncio.TimeoutError:
+        # asyncio.timeout, never wait_for: on 3.11, wait_for returns the result instead of raising when
+        # the caller is cancelled just as the poll completes, so a `while True` poll loop would never stop
+        async with asyncio.timeout(guard_s):
+            return await consumer.getmany(timeout_ms=timeout_ms, max_records=max_records)
+    except TimeoutError:
         log.warning("%s: poll did not return within %.0fs (broker unreachable?)", what, guard_s)
     except KafkaError as exc:
         log.warning("%s: poll failed: %r", what, exc)

@@ -256,8 +256,9 @@ class StageWorker:
                 if remaining <= 0:
                     break
                 try:
-                    items.append(await asyncio.wait_for(self.queue.get(), remaining))
-                except asyncio.TimeoutError:
+                    async with asyncio.timeout(remaining):
+                        items.append(await self.queue.get())
+                except TimeoutError:
                     break
         # records of partitions revoked since they were queued belong to their new owner now
         return [it for it in items if self._generation.get(it.tp) == it.generation]

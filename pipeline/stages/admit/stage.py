@@ -295,7 +295,8 @@ class AdmitStage(AdmitState, Idempotency, Stage):
         """Wait for a completion of this tenant (or the window to move), counted as queued meanwhile."""
         self.queued[tenant] += 1
         try:
-            await asyncio.wait_for(self.changed[tenant].wait(), timeout_ms / 1000)
+            async with asyncio.timeout(timeout_ms / 1000):
+                await self.changed[tenant].wait()
         except TimeoutError:
             pass
         finally:

@@ -311,8 +311,8 @@ class GenerateStage(Stage):
                 min(self.policy.retry.attempt_timeout_ms, remaining_ms)
             timeout_s = max(0.001, (limit_ms - load_ms) / 1000)
             try:
-                gens = await asyncio.wait_for(self._sample(d, a.doc, plan.messages, plan.sampling, plan.spec, plan.n),
-                                              timeout_s)
+                async with asyncio.timeout(timeout_s):
+                    gens = await self._sample(d, a.doc, plan.messages, plan.sampling, plan.spec, plan.n)
             except TimeoutError:
                 raise EngineError("timeout", f"no answer within {timeout_s:.1f} s") from None
         return Attempted(gens=gens, t0=t0, ms=(time.perf_counter() - t0) * 1000, waited_ms=waited, load_ms=load_ms,

@@ -7,7 +7,7 @@ import csv
 import io
 import sys
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import Annotated, Any, Optional
 
 import typer
 import yaml
@@ -106,6 +106,80 @@ def report(data_dir: DataDir = Path(".llmpipe"), config: ConfigFile = None, boot
         out.print(f"HTML report: {html}")
 
 
+
+
+@app.command()
+@command
+def plan(rate: Annotated[float, typer.Option("--rate", help="requests per second to plan for")],
+         bench: Annotated[Optional[Path], typer.Option("--from", exists=True, dir_okay=False,
+                                                       help="a bench/peer_bench.py result (JSON; the last line "
+                                                            "of its output): CPU per request per process")] = None,
+         system: Annotated[str, typer.Option("--system", help="which system of the bench result")] = "product",
+         gpu_tok_s: Annotated[Optional[float], typer.Option("--gpu-tok-s", help="output tokens/s of one engine "
+                                                                               "replica under continuous batching")] = None,
+         tokens: Annotated[float, typer.Option("--tokens-per-request", help="output tokens per request")] = 200.0,
+         utilization: Annotated[float, typer.Option("--utilization", help="planned busy share of a worker")] = 0.7,
+         since: Annotated[str, typer.Option("--since", help="without --from: the warehouse window to measure")] = "1h",
+         data_dir: DataDir = Path(".llmpipe"), config: ConfigFile = None, bootstrap: Bootstrap = None,
+         json: Json = False) -> None:
+    """Workers per stage, partitions, engine replicas and the limiting stage for a request rate, from
+    measured cost per request: a bench result (--from) or the warehouse's stage_capacity query."""
+    import dataclasses
+
+    from pipeline.capacity_plan import plan as make_plan
+
+    s = _settings(data_dir, config, bootstrap)
+    costs, source = _plan_costs(s, bench, system, since)
+    try:
+        p = make_plan(rate, costs, utilization=utilization, engine_tok_s=gpu_tok_s, tokens_per_request=tokens)
+    except ValueError as exc:
+        raise CliError(str(exc)) from None
+    if json:
+        _print_json({"source": source, **dataclasses.asdict(p)})
+        return
+    t = Table(title=f"plan for {rate:g} req/s at {utilization:.0%} busy ({source})")
+    for c in ("stage / process", "ms per request", "workers", "partitions now", "needed", "tops out now at req/s"):
+        t.add_column(c, justify="right")
+    dash = lambda v: "-" if v is None else f"{v:g}"  # noqa: E731
+    for r in p.stages:
+        t.add_row(r.stage, dash(r.ms_per_request), str(r.workers), dash(r.partitions_now), dash(r.partitions_needed),
+                  dash(r.top_rps_now))
+    out.print(t)
+    out.print(f"cores at {utilization:.0%} busy: {p.cores:g}; limiting stage with today's partitions: "
+              f"{p.limiting_stage or '-'} ({dash(p.top_rps_now)} req/s)")
+    if p.engine_replicas is not None:
+        out.print(f"engine replicas: {p.engine_replicas} ({tokens:g} output tokens per request at {gpu_tok_s:g} "
+                  "tok/s each)")
+    for n in p.notes:
+        out.print(f"note: {n}")
+
+
+def _plan_costs(s: Any, bench: Optional[Path], system: str, since: str) -> tuple[list, str]:
+    """Measured cost per request per stage: a bench result, else the warehouse's stage_capacity query."""
+    import json as jsonlib
+
+    from pipeline.capacity_plan import costs_from_bench, costs_from_capacity
+    from pipeline.report import query_text, run_query, since_param
+    from pipeline.runtime.topology import Topology
+
+    registry = Topology(s).topic_registry()
+    partitions = {name.removeprefix("stage."): spec.partitions for name, spec in registry.items()
+                  if name.startswith("stage.")}
+    partitions["sink"] = registry["evidence"].partitions
+    if bench is not None:
+        lines = [ln for ln in bench.read_text().splitlines() if ln.strip().startswith("{")]
+        if not lines:
+            raise CliError(f"{bench}: no JSON result in it")
+        try:
+            return (costs_from_bench(jsonlib.loads(lines[-1]), system, partitions),
+                    f"CPU per request, {bench.name}, system {system}")
+        except (ValueError, KeyError) as exc:
+            raise CliError(f"{bench}: {exc}") from None
+    rows = run_query(_query_fn(s), query_text("stage_capacity"), {"since": since_param(parse_since(since))})
+    costs = costs_from_capacity(rows, partitions)
+    if not costs:
+        raise CliError(f"no stage decisions in the warehouse since {since}: run traffic first, or give --from")
+    return costs, f"worker busy time per request, warehouse, since {since}"
 
 
 @app.command("cache-eval")

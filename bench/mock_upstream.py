@@ -1,0 +1,112 @@
+"""An instant OpenAI-compatible upstream for overhead benchmarks (the method LiteLLM and TensorZero
+use for their own gateway numbers): every chat completion is answered at once, as JSON or as SSE.
+
+    .venv/bin/python bench/mock_upstream.py --port 8099
+
+Plain asyncio HTTP/1.1 with keep-alive and no framework, so the mock itself costs as little CPU as
+possible; it runs in its own process and its CPU is reported apart from the systems under test.
+It answers `POST /v1/chat/completions` (and `/chat/completions`), `GET /v1/models`, `GET /health`.
+The answer is a fixed short text split into `--tokens` chunks; with `stream: true` each chunk is
+one SSE event, then a usage event (when `stream_options.include_usage`), then `[DONE]`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import time
+
+import orjson
+
+WORDS = ["The", " answer", " is", " yes", ".", " It", " came", " from", " the", " mock", " upstream", "."]
+
+
+def _completion(body: dict, n_tokens: int) -> bytes:
+    text = "".join(WORDS[i % len(WORDS)] for i in range(n_tokens))
+    return orjson.dumps({
+        "id": "chatcmpl-mock", "object": "chat.completion", "created": int(time.time()),
+        "model": body.get("model", "mock"),
+        "choices": [{"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": "stop"}],
+        "usage": {"prompt_tokens": 8, "completion_tokens": n_tokens, "total_tokens": 8 + n_tokens}})
+
+
+def _sse(body: dict, n_tokens: int) -> bytes:
+    model, created = body.get("model", "mock"), int(time.time())
+    out = []
+    for i in range(n_tokens):
+        delta = {"role": "assistant", "content": WORDS[i % len(WORDS)]} if i == 0 else {"content": WORDS[i % len(WORDS)]}
+        out.append({"id": "chatcmpl-mock", "object": "chat.completion.chunk", "created": created, "model": model,
+                    "choices": [{"index": 0, "delta": delta, "finish_reason": "stop" if i == n_tokens - 1 else None}]})
+    if (body.get("stream_options") or {}).get("include_usage"):
+        out.append({"id": "chatcmpl-mock", "object": "chat.completion.chunk", "created": created, "model": model,
+                    "choices": [], "usage": {"prompt_tokens": 8, "completion_tokens": n_tokens,
+                                             "total_tokens": 8 + n_tokens}})
+    return b"".join(b"data: " + orjson.dumps(e) + b"\n\n" for e in out) + b"data: [DONE]\n\n"
+
+
+def _response(status: str, ctype: bytes, payload: bytes) -> bytes:
+    return (b"HTTP/1.1 " + status.encode() + b"\r\ncontent-type: " + ctype + b"\r\ncontent-length: "
+            + str(len(payload)).encode() + b"\r\nconnection: keep-alive\r\n\r\n" + payload)
+
+
+class MockUpstream:
+    def __init__(self, n_tokens: int = 8, delay_ms: float = 0.0) -> None:
+        self.n_tokens, self.delay_s = n_tokens, delay_ms / 1000
+        self.served = 0
+
+    async def handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            while True:
+                head = await reader.readuntil(b"\r\n\r\n")
+                lines = head.decode("latin-1").split("\r\n")
+                method, path = lines[0].split(" ")[:2]
+                length = 0
+                for line in lines[1:]:
+                    if line[:15].lower() == "content-length:":
+                        length = int(line[15:].strip())
+                raw = await reader.readexactly(length) if length else b""
+                writer.write(await self.answer(method, path.split("?")[0], raw))
+                await writer.drain()
+        except (asyncio.IncompleteReadError, ConnectionError, asyncio.LimitOverrunError):
+            pass
+        finally:
+            writer.close()
+
+    async def answer(self, method: str, path: str, raw: bytes) -> bytes:
+        if method == "GET" and path in ("/health", "/v1/models", "/models"):
+            return _response("200 OK", b"application/json",
+                             orjson.dumps({"object": "list", "data": [{"id": "mock", "object": "model"}]}))
+        if method != "POST" or not path.endswith("/chat/completions"):
+            return _response("404 Not Found", b"application/json", b'{"error": {"message": "not found"}}')
+        try:
+            body = orjson.loads(raw)
+        except orjson.JSONDecodeError:
+            return _response("400 Bad Request", b"application/json", b'{"error": {"message": "bad json"}}')
+        if self.delay_s:
+            await asyncio.sleep(self.delay_s)
+        self.served += 1
+        n = max(1, min(self.n_tokens, int(body.get("max_tokens") or body.get("max_completion_tokens")
+                                          or self.n_tokens)))
+        if body.get("stream"):
+            return _response("200 OK", b"text/event-stream", _sse(body, n))
+        return _response("200 OK", b"application/json", _completion(body, n))
+
+
+async def serve(port: int, n_tokens: int, delay_ms: float) -> None:
+    mock = MockUpstream(n_tokens, delay_ms)
+    server = await asyncio.start_server(mock.handle, "127.0.0.1", port, backlog=1024)
+    async with server:
+        await server.serve_forever()
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--port", type=int, required=True)
+    ap.add_argument("--tokens", type=int, default=8, help="completion tokens per answer (capped by max_tokens)")
+    ap.add_argument("--delay-ms", type=float, default=0.0, help="time to answer (0: instant)")
+    a = ap.parse_args()
+    asyncio.run(serve(a.port, a.tokens, a.delay_ms))
+
+
+if __name__ == "__main__":
+    main()

@@ -136,3 +136,21 @@ def test_near_misses_and_bypasses_are_refused(cache):
     assert lookup(cache, doc("How do I reset my password?", personalised=True)).reason == "personalised"
     assert cache.put_record(doc("What is my balance?"), "42") is None  # volatile: never written
     assert cache.put_record(doc(), "  ") is None
+
+
+def test_the_write_back_reuses_the_lookup_vector(cache, monkeypatch):
+    """postprocess writes back the vector the cache stage computed for the same text: no second
+    embedding per request, unless the vector came from another model revision."""
+    import numpy as np
+
+    sec = lookup(cache, doc())
+    assert sec.decision == "miss" and sec.query_embedding is not None
+    looked_up = doc().model_copy(update={"cache": sec})
+    calls = []
+    real = cache.embedder.embed
+    monkeypatch.setattr(cache.embedder, "embed", lambda texts, **kw: calls.append(texts) or real(texts, **kw))
+    put = cache.put_record(looked_up, "9 to 6")
+    assert calls == []
+    assert np.allclose(put.vector, real([Q])[0], atol=1e-5)
+    stale = doc().model_copy(update={"cache": sec.model_copy(update={"embedding_revision": "other@r0"})})
+    assert cache.put_record(stale, "9 to 6") is not None and calls == [[Q]]

@@ -92,14 +92,14 @@ def test_devices_are_independent(embedder):
 
 
 def test_route_reuses_the_cache_embedding_of_the_same_text(embedder, tmp_path):
-    """cache embeds the user text; route reuses that vector (same model revision) and drops it from
-    the document it forwards. A vector from another model revision is never reused."""
+    """cache embeds the user text; route reuses that vector (same model revision) and forwards it for
+    the write-back. A vector from another model revision is never reused."""
     import asyncio
 
     from pipeline.engines.embedder import vector_from_b64
     from pipeline.stages.cache.policy import CachePolicy
-    from pipeline.stages.cache.semantic import KEYWORD_FIELDS, NUMERIC_FIELDS, SemanticCache
-    from pipeline.stages.route.stage import RouteStage, reused_vector
+    from pipeline.stages.cache.semantic import KEYWORD_FIELDS, NUMERIC_FIELDS, SemanticCache, reused_vector
+    from pipeline.stages.route.stage import RouteStage
     from pipeline.stores.vector_index import open_index
 
     index = open_index(f"edge:{tmp_path / 'idx'}", embedder.dim, KEYWORD_FIELDS, NUMERIC_FIELDS)
@@ -125,4 +125,5 @@ def test_route_reuses_the_cache_embedding_of_the_same_text(embedder, tmp_path):
     stage.router = router  # the stage's batch path, without a broker
     out = asyncio.run(stage.process_batch([looked_up, d]))
     assert [o.evidence[0].labels["embedding"] for o in out] == ["reused", "computed"]
-    assert out[0].doc.cache.query_embedding is None and out[0].doc.route == out[1].doc.route
+    # the vector travels on: postprocess's write-back reuses it instead of embedding again
+    assert out[0].doc.cache.query_embedding == sec.query_embedding and out[0].doc.route == out[1].doc.route

@@ -111,7 +111,7 @@ class CacheSection(WireModel):
     policy_version: str
     embedding_revision: str | None = None
     query_embedding: str | None = Field(None, description="base64 float32 embedding of the user text "
-                                                          "(embedding_revision): route reuses it and drops it")
+                                                          "(embedding_revision): route and the cache write-back reuse it")
 
 
 class DeviceState(WireModel):

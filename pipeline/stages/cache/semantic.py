@@ -16,7 +16,7 @@ import numpy as np
 from pipeline.contracts import CacheInvalidate, CachePut, RequestDoc
 from pipeline.contracts.base import now_ms
 from pipeline.contracts.request import CacheSection
-from pipeline.engines.embedder import Embedder, vector_to_b64
+from pipeline.engines.embedder import Embedder, vector_from_b64, vector_to_b64
 from pipeline.engines.text_analyzer import TextAnalyzer, shared_analyzer
 from pipeline.stages.cache.gate import GateRules, GateVerdict, gate
 from pipeline.stages.cache.policy import (
@@ -93,6 +93,16 @@ class WordVectors:
         return [float(x) for x in sims.max(axis=1)]
 
 
+def reused_vector(doc: RequestDoc, embedder: Embedder) -> np.ndarray | None:
+    """The cache stage's embedding of this request's text, when it was computed with the same model
+    (route and the write-back embed the same text: cache_text, which no later stage changes for a
+    cacheable request: images, conversations and rollouts bypass the cache)."""
+    c = doc.cache
+    if c is None or c.query_embedding is None or c.embedding_revision != embedder.revision:
+        return None
+    return vector_from_b64(c.query_embedding, embedder.dim)
+
+
 def put_record(doc: RequestDoc, answer: str, embedder: Embedder, policy: CachePolicy,
                at_ms: int | None = None) -> CachePut | None:
     """The write-back of a cacheable miss (postprocess publishes it on `control`; no index needed).
@@ -109,7 +119,9 @@ def put_record(doc: RequestDoc, answer: str, embedder: Embedder, policy: CachePo
     ttl_ms = policy.domains[domain].ttl_s * 1000
     payload = {**boundary.as_payload(), "entry_id": entry_id, "prompt": text, "answer": answer,
                "created_ms": at_ms, "expires_ms": at_ms + ttl_ms, "policy_version": policy.version}
-    vec = embedder.embed([text])[0]
+    vec = reused_vector(doc, embedder)
+    if vec is None:
+        vec = embedder.embed([text])[0]
     return CachePut(entry_id=entry_id, vector=[float(x) for x in vec], payload=payload, at_ms=at_ms)
 
 
@@ -143,7 +155,7 @@ class SemanticCache:
             vectors = self.embedder.embed([t for _, t, _, _ in todo])
             for (i, text, boundary, mode), vec in zip(todo, vectors):
                 found = self._search(text, vec, boundary, mode, at_ms)
-                # route embeds the same text with the same model: it reuses this vector
+                # route and the write-back embed the same text with the same model: they reuse this vector
                 found.section = found.section.model_copy(update={"query_embedding": vector_to_b64(vec)})
                 results[i] = found
         return [r for r in results if r is not None]

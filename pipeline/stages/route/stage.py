@@ -13,23 +13,16 @@ import numpy as np
 
 from pipeline.contracts import RequestDoc
 from pipeline.contracts.request import RouteSection
-from pipeline.engines.embedder import Embedder, ready_shared_embedder, vector_from_b64
+from pipeline.engines.embedder import Embedder, ready_shared_embedder
 from pipeline.registries.adapters import AdapterRegistry
 from pipeline.runtime.stage import Outcome, Stage, StageContext
 from pipeline.stages.cache.policy import cache_text
+from pipeline.stages.cache.semantic import reused_vector
 from pipeline.stages.route.policy import DeviceFlags, RoutePolicy, choose_route, place, score_routes, update_flags
 
 
 def route_text(doc: RequestDoc) -> str:
     return cache_text(doc)  # the same text: route can reuse cache's embedding of it
-
-
-def reused_vector(doc: RequestDoc, embedder: Embedder) -> np.ndarray | None:
-    """cache's embedding of this request's text, when cache computed one with the same model."""
-    c = doc.cache
-    if c is None or c.query_embedding is None or c.embedding_revision != embedder.revision:
-        return None
-    return vector_from_b64(c.query_embedding, embedder.dim)
 
 
 def pick_adapter(doc: RequestDoc, route_adapter: str | None, adapters: AdapterRegistry) -> tuple[str | None, str]:
@@ -95,10 +88,7 @@ class RouteStage(Stage):
         await self.follow_control(adapters.apply)  # adapters registered or re-stated while running
 
     def outcome(self, doc: RequestDoc, sec: RouteSection, reused: bool = False) -> Outcome:
-        update: dict = {"route": sec}
-        if doc.cache is not None and doc.cache.query_embedding is not None:  # later stages do not need it
-            update["cache"] = doc.cache.model_copy(update={"query_embedding": None})
-        doc = doc.model_copy(update=update)
+        doc = doc.model_copy(update={"route": sec})  # the query vector stays: postprocess's write-back reuses it
         ev = self.evidence(doc, sec.decision, sec.reason,
                            scores={f"route.{k}": v for k, v in sec.scores.items()},
                            candidates=[sec.decision, *sec.fallbacks],

@@ -94,7 +94,7 @@ async def closed_loop(engine, seconds: float, concurrency: int, sampling: Sampli
             n += concurrency
             if time.perf_counter() <= end:
                 w.requests += 1
-                w.tokens_out += len(g.token_ids)
+                w.tokens_out += g.tokens_out
                 w.latencies_ms.append((time.perf_counter() - t0) * 1000)
 
     await asyncio.gather(*(client(i) for i in range(concurrency)))

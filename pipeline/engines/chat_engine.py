@@ -36,10 +36,22 @@ class Generation:
     model_revision: str = ""
     engine_queue_ms: float | None = None  # waiting in the engine's scheduler before the first step
     adapter: str | None = None  # "name@revision" of the LoRA adapter applied (None: the base model)
+    # token counts the server reported (an OpenAI-compatible server without vLLM's token ids still
+    # reports usage); None: count the ids
+    prompt_tokens: int | None = None
+    completion_tokens: int | None = None
+
+    @property
+    def tokens_in(self) -> int:
+        return len(self.prompt_token_ids) if self.prompt_tokens is None else self.prompt_tokens
+
+    @property
+    def tokens_out(self) -> int:
+        return len(self.token_ids) if self.completion_tokens is None else self.completion_tokens
 
     @property
     def tpot_ms(self) -> float | None:
-        n = len(self.token_ids)
+        n = self.tokens_out
         return None if n < 2 else (self.e2e_ms - self.ttft_ms) / (n - 1)
 
 

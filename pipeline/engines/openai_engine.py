@@ -104,6 +104,7 @@ class OpenAIEngine:
         logprobs: list[float] = []
         finish = None
         fingerprint = ""
+        usage: dict = {}
         first: float | None = None
         last = t0
         itl: list[float] = []
@@ -121,6 +122,7 @@ class OpenAIEngine:
                 raise EngineError("server_error", str(err.get("message", err) if isinstance(err, dict) else err))
             prompt_ids = chunk.get("prompt_token_ids") or prompt_ids
             fingerprint = chunk.get("system_fingerprint") or fingerprint
+            usage = chunk.get("usage") or usage  # the last chunk, with stream_options.include_usage
             for choice in chunk.get("choices") or []:
                 delta = (choice.get("delta") or {}).get("content") or ""
                 ids = choice.get("token_ids") or []
@@ -142,4 +144,11 @@ class OpenAIEngine:
         return Generation(text="".join(text), prompt_token_ids=prompt_ids, token_ids=token_ids,
                           logprobs=logprobs if sampling.logprobs else None, finish_reason=str(finish or "unknown"),
                           ttft_ms=((first or end) - t0) * 1000, itl_ms=itl, e2e_ms=(end - t0) * 1000,
-                          model_revision=self.revision or f"{self.model}@{fingerprint or 'unknown'}")
+                          model_revision=self.revision or f"{self.model}@{fingerprint or 'unknown'}",
+                          prompt_tokens=_count(usage, "prompt_tokens"), completion_tokens=_count(usage, "completion_tokens"))
+
+
+def _count(usage: dict, key: str) -> int | None:
+    """A usage count the server reported, or None (then the token ids are counted)."""
+    v = usage.get(key) if isinstance(usage, dict) else None
+    return int(v) if isinstance(v, int) and v >= 0 else None

@@ -149,7 +149,7 @@ def section_from(gens: list[Generation], d: Deployment, *, attempts: int, fallba
                  adapter: str | None = None) -> GenerationSection:
     """The first generation is the answer; tokens and cost count every sample (a rollout's n)."""
     g = gens[0]
-    tokens_in, tokens_out = sum(len(x.prompt_token_ids) for x in gens), sum(len(x.token_ids) for x in gens)
+    tokens_in, tokens_out = sum(x.tokens_in for x in gens), sum(x.tokens_out for x in gens)
     cost = (tokens_in * d.cost_per_1k_input + tokens_out * d.cost_per_1k_output) / 1000
     return GenerationSection(
         deployment=d.name, model=d.model, model_revision=g.model_revision, text=g.text,

@@ -35,7 +35,7 @@ def rollout_rows(doc: RequestDoc, gens: list[Generation], seeds: list[int], samp
     rows, summary = [], []
     for i, (g, seed) in enumerate(zip(gens, seeds)):
         sample_id = f"{doc.request_id}:{i}"
-        ok, score = scorer.score(Sample(g.text, len(g.token_ids), g.finish_reason))
+        ok, score = scorer.score(Sample(g.text, g.tokens_out, g.finish_reason))
         rows.append(Rollout(
             sample_id=sample_id, group_id=r.group_id, request_id=doc.request_id, tenant_id=doc.tenant_id or "",
             prompt_dataset_revision=r.prompt_dataset_revision, actor_revision=actor_revision_of(g),
@@ -47,6 +47,6 @@ def rollout_rows(doc: RequestDoc, gens: list[Generation], seeds: list[int], samp
             hardware=prov.hardware, batch_context=orjson.dumps({**batch, "sample": i}).decode(),
             prompt_token_ids=g.prompt_token_ids, generated_token_ids=g.token_ids, logprobs=g.logprobs or [],
             finish_reason=g.finish_reason, score=score))
-        summary.append(SampleSummary(sample_id=sample_id, text=g.text, tokens_out=len(g.token_ids),
+        summary.append(SampleSummary(sample_id=sample_id, text=g.text, tokens_out=g.tokens_out,
                                      finish_reason=g.finish_reason, verified=ok, score=score))
     return rows, summary

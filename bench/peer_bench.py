@@ -3,6 +3,7 @@
     .venv/bin/python bench/peer_bench.py            # rates 10, 20, 40, 80 req/s, 20 s each (~12 min)
     .venv/bin/python bench/peer_bench.py --quick    # rates 10, 40, 6 s each (~6 min)
     .venv/bin/python bench/peer_bench.py --systems direct,gateway --rates 40   # one comparison
+    .venv/bin/python bench/peer_bench.py --systems direct,gateway --stack-env LLMPIPE_CONSUMER__FETCH_MAX_WAIT_MS=10
 
 Systems, one after another, each against the same instant upstream (bench/mock_upstream.py, its
 own process):
@@ -170,7 +171,7 @@ def llmpipe_config(topology: str, upstream: str, key: str) -> dict[str, Any]:
 
 
 @asynccontextmanager
-async def llmpipe(topology: str, upstream: str, work: Path):
+async def llmpipe(topology: str, upstream: str, work: Path, stack_env: dict[str, str] | None = None):
     from pipeline.registries.tenants import new_api_key
 
     data_dir = work / f"llmpipe-{topology}"
@@ -181,7 +182,7 @@ async def llmpipe(topology: str, upstream: str, work: Path):
 
     def cli(*args: str, timeout: float) -> subprocess.CompletedProcess[str]:
         return subprocess.run([sys.executable, "-m", "pipeline.cli", *args, "--data-dir", str(data_dir)], cwd=ROOT,
-                              capture_output=True, text=True, timeout=timeout)
+                              capture_output=True, text=True, timeout=timeout, env={**os.environ, **(stack_env or {})})
 
     t0 = time.monotonic()
     up = await asyncio.to_thread(cli, "up", "--detach", "--processes", "--config", str(cfg), timeout=600)
@@ -398,7 +399,7 @@ def print_tables(rows: dict[str, list[dict[str, Any]]], rat: list[dict[str, Any]
 
 
 async def main_async(systems: list[str], rates: list[float], seconds: float,
-                     profile_dir: Path | None = None) -> dict[str, Any]:
+                     profile_dir: Path | None = None, stack_env: dict[str, str] | None = None) -> dict[str, Any]:
     work = Path(tempfile.mkdtemp(prefix="peer-bench-"))
     port = free_port()
     mock = subprocess.Popen([sys.executable, str(ROOT / "bench" / "mock_upstream.py"), "--port", str(port)])
@@ -413,7 +414,7 @@ async def main_async(systems: list[str], rates: list[float], seconds: float,
                 sys_ = System("direct", f"{upstream}/chat/completions", {}, {})
                 rows[name] = await run_system(sys_, rates, seconds, mock.pid)
                 continue
-            ctx = litellm(upstream, work) if name == "litellm" else llmpipe(name, upstream, work)
+            ctx = litellm(upstream, work) if name == "litellm" else llmpipe(name, upstream, work, stack_env)
             async with ctx as sys_:
                 notes[name] = sys_.notes
                 rows[name] = await run_system(sys_, rates, seconds, mock.pid, profile_dir)
@@ -425,7 +426,7 @@ async def main_async(systems: list[str], rates: list[float], seconds: float,
     highest = {k: max((r["rate"] for r in rs if r["kept_up"]), default=None) for k, rs in rows.items()}
     print_tables(rows, rat, highest)
     shutil.rmtree(work, ignore_errors=True)
-    return {"bench": "peer", "seconds_per_rate": seconds, "ratios": rat, "highest_kept_up": highest,
+    return {"bench": "peer", "seconds_per_rate": seconds, "stack_env": stack_env or {}, "ratios": rat, "highest_kept_up": highest,
             "systems": rows, "notes": notes}
 
 
@@ -434,7 +435,9 @@ def main(quick: bool = typer.Option(False, "--quick", help="rates 10 and 40, 6 s
          rates: str = typer.Option("", help="comma-separated req/s (default 10,20,40,80; quick 10,40)"),
          seconds: float = typer.Option(0, help="seconds per rate (default 20; quick 6)"),
          profile: Path = typer.Option(None, help="py-spy every llmpipe process during each window; collapsed "
-                                                 "stacks and a summary go to this folder")) -> None:
+                                                 "stacks and a summary go to this folder"),
+         stack_env: list[str] = typer.Option([], "--stack-env", help="KEY=VALUE for llmpipe's processes "
+                                                                     "(repeatable), e.g. a consumer setting")) -> None:
     t0 = time.perf_counter()
     chosen = [s.strip() for s in systems.split(",") if s.strip()]
     unknown = set(chosen) - {"direct", "litellm", "gateway", "product"}
@@ -445,7 +448,10 @@ def main(quick: bool = typer.Option(False, "--quick", help="rates 10 and 40, 6 s
         if not shutil.which("py-spy"):
             raise typer.BadParameter("--profile needs py-spy on PATH")
         profile.mkdir(parents=True, exist_ok=True)
-    result = asyncio.run(main_async(chosen, rate_list, seconds or (6.0 if quick else 20.0), profile))
+    if any("=" not in kv for kv in stack_env):
+        raise typer.BadParameter("--stack-env takes KEY=VALUE")
+    result = asyncio.run(main_async(chosen, rate_list, seconds or (6.0 if quick else 20.0), profile,
+                                    dict(kv.split("=", 1) for kv in stack_env)))
     if profile is not None:
         summary = {p.stem: profile_summary(p) for p in sorted(profile.glob("*.txt"))}
         (profile / "summary.json").write_text(json.dumps(summary, indent=1))

@@ -100,3 +100,39 @@ async def test_a_replica_reports_through_validation_and_drains_the_old_revision(
     await asyncio.sleep(0)
     await r.drain_tasks()
     assert reports[-1] == ("r1", "retired")
+
+
+async def test_a_busy_engine_does_not_reject_a_revision(monkeypatch):
+    """A validation prompt that fails to run for a retryable reason (the engine stalled for the
+    watchdog's window, as on a 2-core host running two engines) is run again; a revision is rejected
+    only when its answer is wrong, a non-retryable error occurs, or every run failed."""
+    from pipeline.stages.generate import actor as actor_mod
+
+    monkeypatch.setattr(actor_mod, "VALIDATION_BACKOFF_S", 0.0)
+    reports: list[tuple[str, str, str]] = []
+    failures = {"stalled-once": ["timeout"], "always-stalled": ["timeout"] * 5, "refused": ["invalid_request"]}
+    calls: dict[str, int] = {}
+
+    async def publish(rep, ev):
+        reports.append((rep.revision, rep.state, rep.detail))
+
+    async def load(adapter):
+        return 1.0
+
+    async def generate(msgs, sampling, adapter):
+        rev = adapter.revision
+        calls[rev] = calls.get(rev, 0) + 1
+        if failures.get(rev):
+            raise EngineError(failures[rev].pop(0), "the engine produced no output for 30 s")
+        return Generation(text="one", prompt_token_ids=[1], token_ids=[2], logprobs=None, finish_reason="stop",
+                          ttft_ms=1.0)
+
+    r = ActorReplica("g1", publish)
+    r.attach(load, generate)
+    ok = ValidationPrompt(prompt="which?", expected="one")
+    for rev in failures:
+        r.apply(ActorPrepared(spec=spec(rev, [ok])))
+    await r.drain_tasks()
+    state = {rev: st for rev, st, _ in reports if st in ("validated", "rejected")}
+    assert state == {"stalled-once": "validated", "always-stalled": "rejected", "refused": "rejected"}
+    assert calls == {"stalled-once": 2, "always-stalled": actor_mod.VALIDATION_RUNS, "refused": 1}

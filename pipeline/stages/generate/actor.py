@@ -22,8 +22,11 @@ from pipeline.contracts.actor import ACTOR_ADAPTER, ActorActivated, ActorPrepare
 from pipeline.contracts.adapter import AdapterSpec
 from pipeline.engines.chat_engine import EngineError, Generation, Sampling
 from pipeline.registries.actor import ActorBook, validation_failure
+from pipeline.stages.generate.deployments import RETRYABLE
 
 log = logging.getLogger(__name__)
+VALIDATION_RUNS = 3  # a stalled or overloaded engine gets three chances before a revision is rejected
+VALIDATION_BACKOFF_S = 1.0
 
 Publish = Callable[[object, object], Awaitable[None]]  # (control report, weight event)
 Load = Callable[[AdapterSpec], Awaitable[float]]  # verify + load into the engine; returns ms
@@ -110,8 +113,7 @@ class ActorReplica:
         t1 = time.perf_counter()
         for check in spec.validation:
             try:
-                g = await self.generate([{"role": "user", "content": check.prompt}],
-                                        Sampling(max_tokens=64, temperature=0.0), adapter)
+                g = await self._run_check(check.prompt, adapter)
             except EngineError as exc:
                 await self.report(rev, "rejected", f"validation prompt failed to run: {exc}")
                 return False
@@ -124,6 +126,22 @@ class ActorReplica:
                           duration_ms=round((time.perf_counter() - t1) * 1000, 2))
         log.info("actor %s validated on %s in %.0f ms", rev, self.replica, (time.perf_counter() - t0) * 1000)
         return True
+
+    async def _run_check(self, prompt: str, adapter: AdapterSpec) -> Generation:
+        """A validation prompt, greedy. A busy engine is not a bad revision: a retryable engine error
+        (a stall, overload) is tried again, up to VALIDATION_RUNS times, before it rejects."""
+        assert self.generate is not None
+        for run in range(1, VALIDATION_RUNS + 1):
+            try:
+                return await self.generate([{"role": "user", "content": prompt}],
+                                           Sampling(max_tokens=64, temperature=0.0), adapter)
+            except EngineError as exc:
+                if exc.error_class not in RETRYABLE or run == VALIDATION_RUNS:
+                    raise
+                log.warning("actor %s: validation run %d on %s failed (%s); trying again", adapter.revision, run,
+                            self.replica, exc.error_class)
+                await asyncio.sleep(VALIDATION_BACKOFF_S * run)
+        raise AssertionError("unreachable")
 
     async def _switched(self, record: ActorActivated) -> None:
         if record.revision is not None:

@@ -208,6 +208,29 @@ async def read_topic(bootstrap: str, topic: str, count: int, timeout: float = 60
     return got
 
 
+async def read_until_quiet(bootstrap: str, topic: str, quiet_s: float = 2.0, timeout: float = 120) -> list:
+    """Every record of `topic` from the beginning (all partitions, duplicates included: what a table
+    read with FINAL would hide) until none arrives for `quiet_s`. Not `end_offsets()`: the embedded
+    broker under-reports them after a multi-record batch (DESIGN.md)."""
+    from aiokafka import AIOKafkaConsumer
+
+    c = AIOKafkaConsumer(topic, bootstrap_servers=bootstrap, auto_offset_reset="earliest", enable_auto_commit=False,
+                         fetch_max_wait_ms=5, group_id=None)
+    await c.start()
+    got: list = []
+    try:
+        deadline = time.monotonic() + timeout
+        last = time.monotonic()
+        while not got or time.monotonic() - last < quiet_s:
+            assert time.monotonic() < deadline, f"{topic} still delivering (or empty) after {timeout} s"
+            for recs in (await c.getmany(timeout_ms=200)).values():
+                got.extend(recs)
+                last = time.monotonic()
+    finally:
+        await c.stop()
+    return got
+
+
 @pytest_asyncio.fixture(loop_scope="session")
 async def image_server():
     """A local image server (tests/media_servers.py); allow-list it with `test_allow`."""

@@ -784,7 +784,7 @@ def test_kustomize_renders_when_kubectl_is_available():
             assert (K8S / f.split("=")[-1]).is_file(), f"configMapGenerator file {f} is missing"
     kubectl = shutil.which("kubectl")
     if kubectl is None:
-        return
+        pytest.skip("kubectl is not installed: the generators' files were checked, the rendering was not")
     proc = subprocess.run([kubectl, "kustomize", str(K8S)], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
     rendered = [d for d in yaml.safe_load_all(proc.stdout) if d]

@@ -1,4 +1,5 @@
-"""Helpers the benchmarks share: interpolated percentiles, host CPU over a phase, CPU per process."""
+"""Helpers the benchmarks share: interpolated percentiles, host CPU over a phase, CPU per process,
+pinning the engine to one core and everything else to the others."""
 
 from __future__ import annotations
 
@@ -77,6 +78,67 @@ def cpu_by_owner(before: dict[int, tuple[int, int]], after: dict[int, tuple[int,
         d = ticks - before.get(pid, (0, 0))[1] if pid in before else ticks
         out[owner] = out.get(owner, 0.0) + d / hz
     return {k: round(v, 1) for k, v in sorted(out.items(), key=lambda kv: -kv[1])}
+
+
+# vLLM's engine core renames its process (setproctitle); its OpenMP threads do the model's work
+ENGINE_CORE_MARK = "EngineCore"
+# `--pin`: the engine's OpenMP binds to this core alone (it binds at start-up, so the stack and the
+# in-process engine are started with it), and pin_split moves every other thread off it
+ENGINE_CPU = 0
+PIN_ENV = {"VLLM_CPU_OMP_THREADS_BIND": str(ENGINE_CPU)}
+
+
+def _is_engine_core(p) -> bool:
+    import psutil
+
+    try:
+        return ENGINE_CORE_MARK in p.name() or ENGINE_CORE_MARK in " ".join(p.cmdline())
+    except psutil.Error:
+        return False
+
+
+def _pin_threads(p, cpus: set[int]) -> int:
+    """Every thread of `p` (affinity is per thread on Linux; new threads inherit their creator's)."""
+    import psutil
+
+    n = 0
+    try:
+        for t in p.threads():
+            try:
+                os.sched_setaffinity(t.id, cpus)
+                n += 1
+            except (ProcessLookupError, PermissionError):
+                pass  # a thread that ended meanwhile
+    except psutil.Error:
+        pass
+    return n
+
+
+def pin_split(root_pids: list[int]) -> dict:
+    """Pin vLLM's engine-core processes (found under `root_pids`) to ENGINE_CPU and every other
+    process of the trees, this one included, to the remaining cores. Raises if there is no engine
+    core to pin or only one core. Returns what was pinned, for the bench's JSON."""
+    import psutil
+
+    cores = sorted(os.sched_getaffinity(0) | {ENGINE_CPU})
+    rest = {c for c in cores if c != ENGINE_CPU}
+    if not rest:
+        raise RuntimeError("--pin needs at least two cores")
+    procs: dict[int, psutil.Process] = {}
+    for pid in {*root_pids, os.getpid()}:
+        try:
+            root = psutil.Process(pid)
+            for p in (root, *root.children(recursive=True)):
+                procs[p.pid] = p
+        except psutil.Error:
+            pass
+    engine = [p for p in procs.values() if _is_engine_core(p)]
+    if not engine:
+        raise RuntimeError(f"--pin: no process named {ENGINE_CORE_MARK} under {sorted(root_pids)}")
+    threads = {"engine": sum(_pin_threads(p, {ENGINE_CPU}) for p in engine),
+               "rest": sum(_pin_threads(p, rest) for p in procs.values() if p not in engine)}
+    return {"engine_cpus": [ENGINE_CPU], "engine_pids": sorted(p.pid for p in engine), "rest_cpus": sorted(rest),
+            "processes": len(procs), "threads": threads}
 
 
 def print_result(console, result: dict, t0: float) -> None:

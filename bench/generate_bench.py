@@ -3,6 +3,7 @@
     .venv/bin/python bench/generate_bench.py            # 64 prompts x 64 new tokens (~3.5 min)
     .venv/bin/python bench/generate_bench.py --quick    # 16 prompts x 32 new tokens (~2.5 min)
     .venv/bin/python bench/generate_bench.py --stack-env LLMPIPE_CONSUMER__FETCH_MAX_WAIT_MS=500   # try a setting
+    .venv/bin/python bench/generate_bench.py --pin      # the engine on core 0, everything else on the others
 
 (a) engine: the prepared model in a VllmEngine in this process (the engine settings the stack uses),
     every prompt submitted at once with asyncio.gather.
@@ -15,6 +16,11 @@ prompts ask for long essays and the tokens actually generated are counted (a sho
 both modes alike). The engine is stopped before the stack starts: two engines do not fit 2 cores.
 A few warm-up requests (other prompts) run before each timed part. Every pipeline answer must be a
 cache miss (distinct topics); a hit is reported and its tokens are not counted.
+
+--pin separates the pipeline's cost from core sharing: in both modes vLLM's engine core (its
+OpenMP bound to core 0 from start-up) runs alone on core 0, and every other process and thread, the
+in-process engine's front end in (a) and every stack process in (b), on the other cores. Then the
+feed ratio asks only whether the pipeline keeps the engine's continuous batching fed.
 
 Prints a rich table, a per-stage table for (b) with CPU seconds per stack process (timed part and
 3 s of the idle stack after warm-up), then one JSON line (the last line of stdout).
@@ -43,7 +49,7 @@ import typer  # noqa: E402
 from rich.console import Console  # noqa: E402
 from rich.table import Table  # noqa: E402
 
-from bench._common import CpuWindow, cpu_by_owner, pct, print_result, proc_ticks  # noqa: E402
+from bench._common import PIN_ENV, CpuWindow, cpu_by_owner, pct, pin_split, print_result, proc_ticks  # noqa: E402
 
 RATIO_TARGET = 0.9
 STAGES = ["mask", "cache", "route", "admit", "generate", "postprocess"]
@@ -92,7 +98,8 @@ def summary(tokens: list[int], ttft: list[float], e2e: list[float], wall_s: floa
 # ---- (a) the engine in this process ------------------------------------------------------------
 
 
-async def engine_mode(data_dir: Path, prompts: list[str], warmup: list[str], max_tokens: int) -> dict[str, Any]:
+async def engine_mode(data_dir: Path, prompts: list[str], warmup: list[str], max_tokens: int,
+                      pin: bool) -> dict[str, Any]:
     from pipeline.config.settings import load_settings
     from pipeline.engines.chat_engine import Sampling
     from pipeline.engines.model_prep import prepare
@@ -113,6 +120,7 @@ async def engine_mode(data_dir: Path, prompts: list[str], warmup: list[str], max
         return asyncio.gather(*(e.generate([{"role": "user", "content": p}], sampling) for p in ps))
 
     try:
+        pinned = pin_split([os.getpid()]) if pin else None
         await run(warmup)
         log.print(f"(a) engine up in {start_s:.0f} s, warmed up; timing {len(prompts)} prompts")
         cpu = CpuWindow()
@@ -123,7 +131,7 @@ async def engine_mode(data_dir: Path, prompts: list[str], warmup: list[str], max
     finally:
         await e.stop()
     out = summary([len(g.token_ids) for g in gens], [g.ttft_ms for g in gens], [g.e2e_ms for g in gens], wall)
-    out.update({"mode": "engine", "startup_s": round(start_s, 1), "host_cpu": cpu_use,
+    out.update({"mode": "engine", "startup_s": round(start_s, 1), "host_cpu": cpu_use, "pinned": pinned,
                 "finish": dict(Counter(g.finish_reason for g in gens)), "max_num_seqs": es.max_num_seqs,
                 "revision": info.revision})
     out["_per_prompt_tokens"] = [len(g.token_ids) for g in gens]
@@ -139,7 +147,7 @@ def cli(*args: str, data_dir: Path, timeout: float, env: dict[str, str] | None =
 
 
 async def pipeline_mode(data_dir: Path, prompts: list[str], warmup: list[str], max_tokens: int,
-                        stack_env: dict[str, str], idle_s: float) -> dict[str, Any]:
+                        stack_env: dict[str, str], idle_s: float, pin: bool) -> dict[str, Any]:
     from pipeline.contracts.request import ChatBody, ChatMessage
     from pipeline.dev_key import read_dev_key
     from pipeline.ingress.client import Client
@@ -153,7 +161,10 @@ async def pipeline_mode(data_dir: Path, prompts: list[str], warmup: list[str], m
         raise RuntimeError(f"llmpipe up failed ({up.returncode}): {up.stderr.strip()[-1500:]}")
     stack = json.loads((data_dir / "stack.json").read_text())
     key = read_dev_key(data_dir)  # authentication is on: the development tenant's key
+    pinned = None
     try:
+        if pin:
+            pinned = pin_split([int(p) for p in stack["pids"].values()])
         async with Client(stack["bootstrap"], topic_prefix=stack["topic_prefix"]) as c:
 
             def docs_for(ps: list[str]):
@@ -207,7 +218,7 @@ async def pipeline_mode(data_dir: Path, prompts: list[str], warmup: list[str], m
         stages[st] = {"n": len(q), "queue_p50_ms": pct(q, 50), "queue_p95_ms": pct(q, 95),
                       "service_p50_ms": pct(s, 50), "service_p95_ms": pct(s, 95)}
     out.update({"mode": "pipeline", "startup_s": round(start_s, 1), "host_cpu": cpu_use, "idle_stack_cpu": idle_use,
-                "cpu_s_by_process": by_proc, "stack_env": stack_env,
+                "cpu_s_by_process": by_proc, "stack_env": stack_env, "pinned": pinned,
                 "status": dict(Counter(r.status.value for r in resps)), "cache": dict(Counter(str(r.cache) for r in resps)),
                 "errors": sorted({f"{r.error_class}: {r.reason}" for r in resps if r.status.value != "ok"})[:5],
                 "client_e2e_p50_ms": pct(client_e2e, 50), "client_e2e_p95_ms": pct(client_e2e, 95), "stages": stages})
@@ -219,7 +230,8 @@ async def pipeline_mode(data_dir: Path, prompts: list[str], warmup: list[str], m
 
 
 def main_table(a: dict[str, Any], b: dict[str, Any], ratio: float | None, n: int, max_tokens: int) -> Table:
-    t = Table(title=f"Generation: {n} prompts x {max_tokens} new tokens (greedy), all submitted at once")
+    pinned = " - engine pinned to its own core" if a.get("pinned") else ""
+    t = Table(title=f"Generation: {n} prompts x {max_tokens} new tokens (greedy), all submitted at once{pinned}")
     for col in ("mode", "tokens", "tok/req min/mean", "wall s", "tokens/s", "TTFT p50", "TTFT p95", "e2e p50",
                 "e2e p95", "cpu/steal%"):
         t.add_column(col, justify="left" if col == "mode" else "right")
@@ -254,13 +266,14 @@ def stage_table(b: dict[str, Any]) -> Table:
 
 
 async def main_async(n: int, max_tokens: int, n_warmup: int, data_dir: Path, stack_env: dict[str, str],
-                     idle_s: float) -> dict[str, Any]:
+                     idle_s: float, pin: bool) -> dict[str, Any]:
     prompts = prompts_for(TOPICS[:n])
     warm_a = prompts_for(WARMUP_TOPICS[:n_warmup])
     warm_b = prompts_for(WARMUP_TOPICS[n_warmup:2 * n_warmup])  # not the ones (a) used: no cache entry to hit
-    a = await engine_mode(data_dir, prompts, warm_a, max_tokens)
+    a = await engine_mode(data_dir, prompts, warm_a, max_tokens, pin)
     await asyncio.sleep(2)  # let the engine core process go
-    b = await pipeline_mode(data_dir, prompts, warm_b, max_tokens, stack_env, idle_s)
+    b = await pipeline_mode(data_dir, prompts, warm_b, max_tokens, {**stack_env, **(PIN_ENV if pin else {})},
+                            idle_s, pin)
     ratio = round(b["tokens_per_s"] / a["tokens_per_s"], 3) if a["tokens_per_s"] and b["tokens_per_s"] else None
     same = sum(x == y for x, y in zip(a.pop("_per_prompt_tokens"), b.pop("_per_prompt_tokens")))
     console.print(main_table(a, b, ratio, n, max_tokens))
@@ -270,7 +283,7 @@ async def main_async(n: int, max_tokens: int, n_warmup: int, data_dir: Path, sta
     if b["errors"]:
         console.print(f"[red]pipeline errors: {b['errors']}[/]")
     console.print(f"same token count per prompt in (a) and (b): {same}/{n}")
-    return {"bench": "generate", "host": {"cpus": os.cpu_count(), "python": platform.python_version()},
+    return {"bench": "generate", "host": {"cpus": os.cpu_count(), "python": platform.python_version()}, "pin": pin,
             "prompts": n, "max_tokens": max_tokens, "warmup": n_warmup, "engine": a, "pipeline": b,
             "ratio_b_over_a": ratio, "ratio_target": RATIO_TARGET, "same_token_count": same}
 
@@ -288,6 +301,7 @@ def main(
     stack_env: list[str] = typer.Option([], "--stack-env", help="KEY=VALUE for the stack's processes, repeatable "
                                         "(e.g. LLMPIPE_CONSUMER__FETCH_MAX_WAIT_MS=100)"),
     idle: float = typer.Option(3.0, help="seconds the idle stack's host CPU is sampled before (b) is timed"),
+    pin: bool = typer.Option(False, "--pin", help="vLLM's engine core alone on core 0, everything else on the others"),
 ) -> None:
     """(a) vLLM engine in-process vs (b) the whole pipeline: tokens/s, their ratio, TTFT and e2e."""
     n = prompts if prompts is not None else (16 if quick else 64)
@@ -300,10 +314,12 @@ def main(
         raise typer.BadParameter("KEY=VALUE", param_hint="--stack-env")
     env = dict(kv.split("=", 1) for kv in stack_env)
     os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")  # this process only (the stack gets BASE_ENV)
+    if pin:
+        os.environ.update(PIN_ENV)  # (a)'s engine binds its OpenMP at start; (b) gets it with --stack-env
     t0 = time.perf_counter()
     tmp = tempfile.mkdtemp(prefix="llmpipe-genbench-")
     try:
-        result = asyncio.run(main_async(n, mt, warmup, Path(tmp), env, idle))
+        result = asyncio.run(main_async(n, mt, warmup, Path(tmp), env, idle, pin))
     finally:
         if keep:
             log.print(f"data dir kept: {tmp}")

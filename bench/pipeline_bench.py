@@ -3,6 +3,7 @@
     .venv/bin/python bench/pipeline_bench.py            # 5, 20, 50 req/s for 20 s each; overload 20 s (~9 min)
     .venv/bin/python bench/pipeline_bench.py --quick    # 8 s per rate, overload 10 s (~5 min)
     .venv/bin/python bench/pipeline_bench.py --quick --stack-env VLLM_CPU_OMP_THREADS_BIND=0   # try a setting
+    .venv/bin/python bench/pipeline_bench.py --quick --pin   # the engine alone on core 0, the rest on the others
 
 (1) Overhead. Text requests with distinct prompts (every one a cache miss, so every one runs every
     text stage), max_tokens 1 so the engine's part is one prefill, offered open-loop at 5, 20 and 50
@@ -45,7 +46,7 @@ import yaml  # noqa: E402
 from rich.console import Console  # noqa: E402
 from rich.table import Table  # noqa: E402
 
-from bench._common import CpuWindow, cpu_by_owner, pct, proc_ticks  # noqa: E402
+from bench._common import PIN_ENV, CpuWindow, cpu_by_owner, pct, pin_split, proc_ticks  # noqa: E402
 
 OVERHEAD_TARGET_MS = 30.0
 console = Console(width=None if sys.stdout.isatty() else 130)
@@ -151,7 +152,7 @@ def overhead_row(rate: float, docs, answers, offered_s: float, wall_s: float) ->
             "e2e_p50_ms": pct([r.e2e_ms for r in ok], 50), "e2e_p99_ms": pct([r.e2e_ms for r in ok], 99)}
 
 
-async def main_async(quick: bool, stack_env: dict[str, str]) -> dict[str, Any]:
+async def main_async(quick: bool, stack_env: dict[str, str], pin: bool) -> dict[str, Any]:
     from pipeline.ingress.client import Client
     from pipeline.registries.tenants import new_api_key
 
@@ -164,11 +165,12 @@ async def main_async(quick: bool, stack_env: dict[str, str]) -> dict[str, Any]:
     log.print("llmpipe up --detach --processes (default topology, real vLLM)")
     t0 = time.monotonic()
     up = await asyncio.to_thread(cli, "up", "--detach", "--processes", "--config", str(cfg), "--json",
-                                 data_dir=data_dir, timeout=900, env=stack_env)
+                                 data_dir=data_dir, timeout=900, env={**stack_env, **(PIN_ENV if pin else {})})
     if up.returncode != 0:
         raise RuntimeError(f"llmpipe up failed: {up.stderr.strip()[-1500:]}")
     stack = json.loads((data_dir / "stack.json").read_text())
     log.print(f"stack up in {time.monotonic() - t0:.0f}s")
+    pinned = pin_split([int(p) for p in stack["pids"].values()]) if pin else None
     rss = RssSampler([int(p) for p in stack["pids"].values()]).start()
     rows: list[dict[str, Any]] = []
     try:
@@ -207,17 +209,19 @@ async def main_async(quick: bool, stack_env: dict[str, str]) -> dict[str, Any]:
         await rss.stop()
         log.print("llmpipe down")
         await asyncio.to_thread(cli, "down", data_dir=data_dir, timeout=300)
-    return {"bench": "pipeline", "quick": quick, "stack_env": stack_env, "rates": rows, "overload": overload,
+    return {"bench": "pipeline", "quick": quick, "stack_env": stack_env, "pinned": pinned, "rates": rows,
+            "overload": overload,
             "target_overhead_p50_ms": OVERHEAD_TARGET_MS}
 
 
 def main(quick: bool = typer.Option(False, "--quick", help="shorter windows"),
          stack_env: list[str] = typer.Option([], "--stack-env", help="KEY=VALUE for the stack's processes "
-                                                                     "(e.g. VLLM_CPU_OMP_THREADS_BIND=0), repeatable")) -> None:
+                                                                     "(e.g. VLLM_CPU_OMP_THREADS_BIND=0), repeatable"),
+         pin: bool = typer.Option(False, "--pin", help="vLLM's engine core alone on core 0, the rest on the others")) -> None:
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     if any("=" not in kv for kv in stack_env):
         raise typer.BadParameter("--stack-env takes KEY=VALUE")
-    res = asyncio.run(main_async(quick, dict(kv.split("=", 1) for kv in stack_env)))
+    res = asyncio.run(main_async(quick, dict(kv.split("=", 1) for kv in stack_env), pin))
     t = Table(title="Pipeline overhead = E2E − engine service time (text, cache misses, max_tokens 1)")
     for col in ("offered req/s", "sent", "ok", "achieved req/s", "kept up", "overhead p50", "overhead p99",
                 "engine p50", "queue before engine p50", "e2e p50", "e2e p99", "host busy %"):

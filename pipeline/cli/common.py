@@ -194,7 +194,7 @@ def _send_lines(s: Settings, file: Path, label: str, **run_load_args: Any) -> An
         with Progress(TextColumn(label), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                       console=err, transient=True) as progress:
             task = progress.add_task(label, total=len(lines))
-            async with Client(bs, topic_prefix=prefix, security=s.kafka) as client:
+            async with Client(bs, topic_prefix=prefix, security=s.kafka, doorbell_dir=s.doorbell_dir) as client:
                 to_doc = (lambda line: make_doc(client, line)) if make_doc else None
                 return await run_load(client, lines, on_done=lambda: progress.advance(task), to_doc=to_doc,
                                       **run_load_args)

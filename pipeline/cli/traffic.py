@@ -64,7 +64,7 @@ def submit(prompt: Annotated[str, typer.Option("--prompt", help="the user messag
                     seed=seed, images=[_image_arg(i) for i in image or []])
 
     async def run() -> Any:
-        async with Client(bs, topic_prefix=prefix, security=s.kafka) as client:
+        async with Client(bs, topic_prefix=prefix, security=s.kafka, doorbell_dir=s.doorbell_dir) as client:
             doc = client.build(body=body, timeout_s=timeout, api_key=_caller_key(s, api_key, tenant),
                                idempotency_key=idempotency_key, tenant_id=tenant)
             return await client.request(doc, timeout + 5)

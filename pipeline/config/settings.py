@@ -46,6 +46,11 @@ class ConsumerSettings(BaseModel):
     # after an idle spell waits up to idle_fetch_max_wait_ms. Equal to fetch_max_wait_ms: off.
     idle_fetch_max_wait_ms: int = Field(50, ge=1)
     idle_after_ms: int = Field(1000, ge=0)
+    # With a `doorbell_dir` (runtime/doorbell.py), a consumer that found nothing for doze_after_ms
+    # stops fetching until a producer rings it, or doze_max_ms passed; the FetchPacer is then off.
+    doorbell: bool = Field(True, description="use the doorbell when the process has a doorbell_dir")
+    doze_after_ms: int = Field(10, ge=1)
+    doze_max_ms: int = Field(200, ge=1)
 
 
 class KafkaSecurity(BaseModel):
@@ -250,6 +255,9 @@ class Settings(BaseSettings):
     vector_index: str | None = None
     qdrant_api_key: SecretStr | None = Field(None, description="the Qdrant server's API key")
     broker_port: int = 0
+    doorbell_dir: Path | None = Field(None, description="wake-up hints between the processes of one host "
+                                                        "(runtime/doorbell.py); for a broker that never wakes a "
+                                                        "waiting fetch, like the embedded one")
     stages: list[StageSpec] = Field(default_factory=list)
     consumer: ConsumerSettings = ConsumerSettings()
     kafka: KafkaSecurity = KafkaSecurity()

@@ -14,6 +14,7 @@ import logging
 import random
 import uuid
 from collections import OrderedDict
+from pathlib import Path
 from typing import Any
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
@@ -23,6 +24,7 @@ from pipeline.contracts import ReplyTo, RequestDoc, Response
 from pipeline.contracts.base import now_ms
 from pipeline.contracts.request import ChatBody, ChatMessage
 from pipeline.runtime.codec import decode, encode, request_headers
+from pipeline.runtime.doorbell import Bell, producer_class
 from pipeline.runtime.errors import DecodeError
 from pipeline.runtime.polling import FetchPacer, guarded_getmany
 from pipeline.runtime.topics import TopicNames
@@ -32,6 +34,10 @@ log = logging.getLogger(__name__)
 
 class ClientTimeout(TimeoutError):
     pass
+
+
+DOZE_AFTER_MS = 10
+DOZE_MAX_S = 0.2
 
 
 class Client:
@@ -44,8 +50,11 @@ class Client:
         entry_topic: str = "requests",
         default_timeout_s: float = 60.0,
         security: KafkaSecurity | None = None,
+        doorbell_dir: Path | None = None,
     ) -> None:
         self.bootstrap = bootstrap
+        self.doorbell_dir = doorbell_dir  # rings the first stage; dozes between answers (runtime/doorbell.py)
+        self._bell: Bell | None = None
         self.kafka = kafka_kwargs(security)
         self.names = TopicNames(topic_prefix)
         self.entry_topic = self.names(entry_topic)
@@ -63,8 +72,9 @@ class Client:
         self._closing = False
 
     async def start(self) -> "Client":
-        self.producer = AIOKafkaProducer(bootstrap_servers=self.bootstrap, acks="all", linger_ms=1,
-                                          enable_idempotence=False, max_request_size=8 << 20, **self.kafka)
+        cls, extra = producer_class(self.doorbell_dir)
+        self.producer = cls(bootstrap_servers=self.bootstrap, acks="all", linger_ms=1,
+                            enable_idempotence=False, max_request_size=8 << 20, **self.kafka, **extra)
         await self.producer.start()
         partitions = await self.producer.partitions_for(self.names.responses)
         if not partitions:
@@ -79,6 +89,8 @@ class Client:
         self.consumer.assign([tp])
         await self.consumer.seek_to_end(tp)
         await self.consumer.position(tp)  # fixed before the first publish: no answer can be missed
+        if self.doorbell_dir is not None:
+            self._bell = await Bell(self.doorbell_dir, [self.names.responses]).start()
         self._reader = asyncio.create_task(self._read_replies())
         return self
 
@@ -94,6 +106,8 @@ class Client:
             await self.consumer.stop()
         if self.producer is not None:
             await self.producer.stop()
+        if self._bell is not None:
+            self._bell.stop()
 
     async def __aenter__(self) -> "Client":
         return await self.start()
@@ -166,13 +180,28 @@ class Client:
 
     async def _read_replies(self) -> None:
         assert self.consumer is not None
-        pacer = FetchPacer(self.consumer, 5, 100, 500)  # fast while answers are awaited
+        # fast while answers are awaited; with a bell it dozes between them instead of polling slowly
+        pacer = FetchPacer(self.consumer, 5, 5 if self._bell else 100, 500)
         while not self._closing:
-            batches = await guarded_getmany(self.consumer, "client replies", timeout_ms=20)
-            pacer.saw(sum(len(r) for r in batches.values()) + len(self._pending))
+            poll_ms = DOZE_AFTER_MS if self._bell else 20
+            batches = await guarded_getmany(self.consumer, "client replies", timeout_ms=poll_ms)
+            got = sum(len(r) for r in batches.values())
+            pacer.saw(got + len(self._pending))
             for records in batches.values():
                 for rec in records:
                     self._deliver(rec.value)
+            if not got and self._bell is not None and not self._closing:
+                await self._doze()
+
+    async def _doze(self) -> None:
+        """runtime/doorbell.py, step 3: stop fetching until postprocess rings (or DOZE_MAX_S)."""
+        assert self.consumer is not None and self._bell is not None
+        tps = self.consumer.assignment()
+        self.consumer.pause(*tps)
+        try:
+            await self._bell.wait(DOZE_MAX_S)
+        finally:
+            self.consumer.resume(*tps)
 
     def _deliver(self, value: bytes | None) -> None:
         try:

@@ -70,6 +70,7 @@ class FrontDoor:
         self.settings = settings
         self.bootstrap = bootstrap
         self.client = Client(bootstrap, topic_prefix=settings.topic_prefix, security=settings.kafka,
+                             doorbell_dir=settings.doorbell_dir,
                              reply_partition=settings.http.reply_partition)
         self.registry = TenantRegistry(settings.tenants, settings.tenant_defaults)
         self.follower: ControlFollower | None = None

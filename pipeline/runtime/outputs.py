@@ -12,11 +12,14 @@ from aiokafka import AIOKafkaProducer
 
 from pipeline.config.settings import Settings, kafka_kwargs
 from pipeline.runtime.codec import Headers
+from pipeline.runtime.doorbell import producer_class
 
 
 def make_producer(settings: Settings, bootstrap: str) -> AIOKafkaProducer:
+    """With a doorbell_dir, a producer that rings the consumers of what it wrote."""
     p = settings.producer
-    return AIOKafkaProducer(
+    cls, extra = producer_class(settings.doorbell_dir)
+    return cls(
         bootstrap_servers=bootstrap,
         acks=p.acks,
         enable_idempotence=p.enable_idempotence,
@@ -25,6 +28,7 @@ def make_producer(settings: Settings, bootstrap: str) -> AIOKafkaProducer:
         max_request_size=p.max_request_size,
         request_timeout_ms=p.request_timeout_ms,
         **kafka_kwargs(settings.kafka),
+        **extra,
     )
 
 

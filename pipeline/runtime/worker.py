@@ -31,6 +31,7 @@ from aiokafka.errors import CommitFailedError, IllegalStateError, KafkaError
 from aiokafka.structs import OffsetAndMetadata
 
 from pipeline.config.settings import ConsumerSettings, RuntimeSettings, Settings, kafka_kwargs
+from pipeline.runtime.doorbell import Bell
 from pipeline.runtime.flow import BoundedQueue
 from pipeline.runtime.handler import Handler, Item
 from pipeline.runtime.metrics import StageMetrics
@@ -93,6 +94,8 @@ class StageWorker:
         self._processors: list[asyncio.Task] = []
         self.consumer: AIOKafkaConsumer | None = None
         self.producer: AIOKafkaProducer | None = None
+        self.bell: Bell | None = None
+        self._last_record = time.monotonic()
         self.stopped = asyncio.Event()
 
     # ---- lifecycle -------------------------------------------------------------------------
@@ -121,6 +124,8 @@ class StageWorker:
             **kafka_kwargs(self.settings.kafka),
         )
         self.consumer.subscribe(self.topics, listener=_Rebalance(self))
+        if self.settings.doorbell_dir and c.doorbell:
+            self.bell = await Bell(self.settings.doorbell_dir, self.topics).start()
         await self.consumer.start()
         concurrency = max(1, self.handler.concurrency)
         self._processors = [asyncio.create_task(self._process_loop(), name=f"{self.handler.name}-proc{i}") for i in range(concurrency)]
@@ -154,6 +159,8 @@ class StageWorker:
             await self.handler.stop()
             if self.producer is not None:
                 await self.producer.stop()
+            if self.bell is not None:
+                self.bell.stop()
             self.stopped.set()
 
     async def __aenter__(self) -> "StageWorker":
@@ -194,6 +201,8 @@ class StageWorker:
             self._restoring -= assigned
         if not self.queue.paused:
             self.consumer.resume(*(assigned & self.consumer.assignment()))
+        if self.bell is not None:
+            self.bell.wake()  # a dozing fetch loop reads the new partitions now
 
     async def _on_revoked(self, revoked: set[TopicPartition]) -> None:
         # Give in-flight records of these partitions a moment to finish, then commit what is done.
@@ -212,7 +221,10 @@ class StageWorker:
         assert self.consumer is not None
         guard = self.consumer_settings.poll_guard_s
         c = self.consumer_settings
-        pacer = FetchPacer(self.consumer, c.fetch_max_wait_ms, c.idle_fetch_max_wait_ms, c.idle_after_ms)
+        # with a bell the consumer dozes instead of polling slowly, so the pacer stays at the fast wait
+        idle_wait = c.fetch_max_wait_ms if self.bell else c.idle_fetch_max_wait_ms
+        pacer = FetchPacer(self.consumer, c.fetch_max_wait_ms, idle_wait, c.idle_after_ms)
+        poll_ms = c.doze_after_ms if self.bell else 100
         while self._fetching:
             if self.queue.paused:
                 if await self.queue.wait_below_low(0.2):
@@ -224,8 +236,13 @@ class StageWorker:
                 await asyncio.sleep(0.005)
                 continue
             batches = await guarded_getmany(self.consumer, f"stage {self.handler.name}", guard_s=guard,
-                                            max_records=room)
-            pacer.saw(sum(len(r) for r in batches.values()))
+                                            max_records=room, timeout_ms=poll_ms)
+            got = sum(len(r) for r in batches.values())
+            pacer.saw(got)
+            if got:
+                self._last_record = time.monotonic()
+            elif self.bell is not None:
+                await self._doze()
             for tp, records in batches.items():
                 gen = self._generation.get(tp)
                 if gen is None:
@@ -239,6 +256,23 @@ class StageWorker:
             if self.queue.should_pause():
                 self.consumer.pause(*self.consumer.assignment())
                 self.queue.set_paused(True)
+
+    async def _doze(self) -> None:
+        """Protocol step 3 of runtime/doorbell.py: nothing for doze_after_ms -> pause what is
+        fetchable, wait for the bell (at most doze_max_ms), resume what is still ours."""
+        assert self.consumer is not None and self.bell is not None
+        c = self.consumer_settings
+        if time.monotonic() - self._last_record < c.doze_after_ms / 1000 or self.queue.paused:
+            return
+        tps = self.consumer.assignment() - self._restoring - self.consumer.paused()
+        if tps:
+            self.consumer.pause(*tps)
+        try:
+            await self.bell.wait(c.doze_max_ms / 1000)
+        finally:
+            back = (tps & self.consumer.assignment()) - self._restoring
+            if back and not self.queue.paused:
+                self.consumer.resume(*back)
 
     async def _next_batch(self) -> list[Item]:
         first = await self.queue.get()

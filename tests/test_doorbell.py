@@ -1,0 +1,115 @@
+"""Wake-up hints (runtime/doorbell.py): the bell itself, then a dozing worker on the real broker."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import tempfile
+import time
+from pathlib import Path
+
+import pytest
+from aiokafka import AIOKafkaProducer
+
+from pipeline.ingress import Client
+from pipeline.runtime.codec import encode, request_headers
+from pipeline.runtime.doorbell import Bell, Ringer, topic_dir
+from pipeline.runtime.launch import stage_worker
+from pipeline.runtime.topics import TopicNames
+from pipeline.runtime.topology import Topology
+from tests.conftest import create_topics, settings_for, wait_until
+
+
+@pytest.fixture
+def bell_dir():
+    # short: a unix socket path holds ~100 bytes, and pytest's tmp_path is long
+    with tempfile.TemporaryDirectory(prefix="bell", dir="/tmp") as d:
+        yield Path(d)
+
+
+@pytest.mark.asyncio(loop_scope="session")
+async def test_a_ring_wakes_only_the_bells_of_its_topic_and_is_kept_until_waited(bell_dir):
+    a, b = await Bell(bell_dir, ["t.a"]).start(), await Bell(bell_dir, ["t.b"]).start()
+    ringer = Ringer(bell_dir)
+    try:
+        assert not await a.wait(0.05), "no ring, no wake-up"
+        ringer.ring_soon("t.a")
+        ringer.ring_soon("t.a")  # coalesced with the first
+        assert await a.wait(5)
+        assert not await b.wait(0.05), "a ring of another topic"
+        ringer.ring_soon("t.b")
+        await asyncio.sleep(0.1)  # delivered while nobody waits
+        assert await b.wait(0), "a ring before the wait is not lost"
+        assert not await b.wait(0), "and it is one wake-up"
+        assert ringer.sent == 2
+    finally:
+        for x in (a, b):
+            x.stop()
+            x.stop()  # idempotent
+        ringer.close()
+    assert not list(bell_dir.rglob("*.sock")), "stop unlinks the sockets"
+
+
+@pytest.mark.asyncio(loop_scope="session")
+async def test_a_dead_bell_is_unlinked_and_a_too_long_path_is_refused(bell_dir):
+    d = topic_dir(bell_dir, "t.c")
+    d.mkdir(parents=True)
+    dead = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    dead.bind(str(d / "1-dead.sock"))
+    dead.close()  # its file stays, as after a kill -9
+    ringer = Ringer(bell_dir)
+    ringer.ring_soon("t.c")
+    await asyncio.sleep(0.05)
+    ringer.close()
+    assert not (d / "1-dead.sock").exists()
+    with pytest.raises(ValueError, match="too long for a unix socket path"):
+        await Bell(bell_dir / ("x" * 120), ["t.d"]).start()
+
+
+def _dozing(worker) -> bool:
+    c = worker.consumer
+    return bool(c.assignment()) and c.paused() == c.assignment()
+
+
+@pytest.mark.integration
+@pytest.mark.asyncio(loop_scope="session")
+async def test_a_dozing_worker_wakes_when_the_client_rings(broker, prefix, tmp_path, bell_dir):
+    """doze_max is a minute: an answer within seconds can only come from the ring."""
+    s = settings_for(tmp_path, prefix, broker.bootstrap, [{"name": "answer", "class": "tests.stages:Answer"}])
+    s = s.model_copy(update={"doorbell_dir": bell_dir,
+                             "consumer": s.consumer.model_copy(update={"doze_max_ms": 60_000})})
+    await create_topics(s)
+    async with stage_worker(s, Topology(s), "answer", broker.bootstrap) as w, \
+            Client(broker.bootstrap, topic_prefix=prefix, doorbell_dir=bell_dir) as client:
+        for i in range(3):
+            await wait_until(lambda: _dozing(w), 60, "the worker to doze")
+            t0 = time.monotonic()
+            resp = await client.request(client.build(f"wake {i}"), 30)
+            assert resp.status == "ok" and resp.text == f"WAKE {i}"
+            assert time.monotonic() - t0 < 20, "woken by the ring, not by doze_max"
+        assert w.bell is not None and w.bell.rings >= 3
+
+
+@pytest.mark.integration
+@pytest.mark.asyncio(loop_scope="session")
+async def test_a_producer_that_does_not_ring_is_still_read_after_doze_max(broker, prefix, tmp_path, bell_dir):
+    s = settings_for(tmp_path, prefix, broker.bootstrap, [{"name": "answer", "class": "tests.stages:Answer"}])
+    s = s.model_copy(update={"doorbell_dir": bell_dir,
+                             "consumer": s.consumer.model_copy(update={"doze_max_ms": 500})})
+    await create_topics(s)
+    async with stage_worker(s, Topology(s), "answer", broker.bootstrap) as w, \
+            Client(broker.bootstrap, topic_prefix=prefix) as client:  # this client never rings
+        await wait_until(lambda: _dozing(w), 60, "the worker to doze")
+        docs = [client.build(f"quiet {i}") for i in range(5)]
+        futs = await client.submit_many(docs)
+        p = AIOKafkaProducer(bootstrap_servers=broker.bootstrap, acks="all")  # nor does this one
+        await p.start()
+        try:
+            late = client.build("raw")
+            fut = client._pending.setdefault(late.request_id, asyncio.get_running_loop().create_future())
+            await p.send_and_wait(TopicNames(prefix).requests, encode(late), key=late.request_id.encode(),
+                                  headers=request_headers(late.request_id, None, late.deadline_ms, 0, None))
+        finally:
+            await p.stop()
+        answers = await asyncio.gather(*(client.wait(d.request_id, f, 60) for d, f in zip(docs + [late], futs + [fut])))
+    assert [a.text for a in answers] == [f"QUIET {i}" for i in range(5)] + ["RAW"]

@@ -270,11 +270,19 @@ async def _run_children(up: _Up, parts: AsyncExitStack, admin_port: int) -> None
     children = await serve(parts, _ChildWorkers(s, up.stages, up.bootstrap, admin_port))
     up.pids.update({f"worker:{name}": p.pid for name, p in children.procs.items()})
     supervise = asyncio.create_task(children.supervise(up.stop))
+    # unwound before the children stop (LIFO): a supervisor still running would restart each child
+    # as it exits and leave the new one behind when the door fails to open
+    parts.push_async_callback(_cancel, supervise)
     http = await serve(parts, HttpServer(FrontDoor(s, up.bootstrap), s.http.host, s.http.port))
     up.announce(f"http://127.0.0.1:{admin_port}", http.url)
     await up.stop.wait()
     await supervise
     _forget(s.resolved_data_dir())  # then the door closes, then the children drain (the exit stack)
+
+
+async def _cancel(task: asyncio.Task) -> None:
+    task.cancel()
+    await asyncio.gather(task, return_exceptions=True)
 
 
 async def _run_in_loop(up: _Up, parts: AsyncExitStack, admin_port: int, admin_token: str) -> None:

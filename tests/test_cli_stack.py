@@ -211,3 +211,41 @@ def test_load_reports_statuses_and_invalid_lines(stack, tmp_path):
     assert summary["invalid_lines"] == 2
     assert summary["latency_ms"]["p50"] is not None and summary["latency_ms"]["p50"] <= summary["latency_ms"]["p99"]
     assert "line 22: not JSON" in r.stderr and "line 23:" in r.stderr
+
+
+def test_a_door_that_cannot_open_leaves_no_worker_behind(tmp_path):
+    """`llmpipe up --processes` fails when its HTTP port is taken, after the workers started: the
+    failed start must stop every one of them (a supervisor still watching them restarted each as it
+    stopped, and the restarted ones outlived the failed start)."""
+    import socket
+    import time
+
+    import psutil
+
+    taken = socket.socket()
+    taken.bind(("127.0.0.1", 0))
+    taken.listen()
+    try:
+        cfg = yaml.safe_load(CONFIG.read_text()) | {"http": {"port": taken.getsockname()[1]}}
+        (tmp_path / "llmpipe.yaml").write_text(yaml.safe_dump(cfg))
+        up = llmpipe("up", "--detach", "--processes", "--config", str(tmp_path / "llmpipe.yaml"), "--json",
+                     data_dir=tmp_path, timeout=600)
+    finally:
+        taken.close()
+    assert up.returncode != 0
+    assert "Address already in use" in (tmp_path / "logs" / "stack.log").read_text()
+    logs = sorted(p.name for p in (tmp_path / "logs").glob("worker-*.log"))
+    assert {"worker-sink.log", "worker-classify.log", "worker-answer.log"} <= set(logs), "the workers had started"
+
+    def left() -> list[str]:
+        out = []
+        for p in psutil.process_iter(["cmdline"]):
+            cmd = " ".join(p.info["cmdline"] or [])
+            if str(tmp_path) in cmd and "pipeline.cli" in cmd:
+                out.append(cmd)
+        return out
+
+    deadline = time.monotonic() + 60
+    while left() and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert not left(), left()

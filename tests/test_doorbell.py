@@ -71,14 +71,20 @@ def _dozing(worker) -> bool:
     return bool(c.assignment()) and c.paused() == c.assignment()
 
 
+async def _belled(broker, prefix, tmp_path, bell_dir, doze_max_ms: int):
+    """Settings for one `answer` stage whose workers use `bell_dir` and doze at most `doze_max_ms`."""
+    s = settings_for(tmp_path, prefix, broker.bootstrap, [{"name": "answer", "class": "tests.stages:Answer"}])
+    s = s.model_copy(update={"doorbell_dir": bell_dir,
+                             "consumer": s.consumer.model_copy(update={"doze_max_ms": doze_max_ms})})
+    await create_topics(s)
+    return s
+
+
 @pytest.mark.integration
 @pytest.mark.asyncio(loop_scope="session")
 async def test_a_dozing_worker_wakes_when_the_client_rings(broker, prefix, tmp_path, bell_dir):
     """doze_max is a minute: an answer within seconds can only come from the ring."""
-    s = settings_for(tmp_path, prefix, broker.bootstrap, [{"name": "answer", "class": "tests.stages:Answer"}])
-    s = s.model_copy(update={"doorbell_dir": bell_dir,
-                             "consumer": s.consumer.model_copy(update={"doze_max_ms": 60_000})})
-    await create_topics(s)
+    s = await _belled(broker, prefix, tmp_path, bell_dir, 60_000)
     async with stage_worker(s, Topology(s), "answer", broker.bootstrap) as w, \
             Client(broker.bootstrap, topic_prefix=prefix, doorbell_dir=bell_dir) as client:
         for i in range(3):
@@ -93,10 +99,7 @@ async def test_a_dozing_worker_wakes_when_the_client_rings(broker, prefix, tmp_p
 @pytest.mark.integration
 @pytest.mark.asyncio(loop_scope="session")
 async def test_a_producer_that_does_not_ring_is_still_read_after_doze_max(broker, prefix, tmp_path, bell_dir):
-    s = settings_for(tmp_path, prefix, broker.bootstrap, [{"name": "answer", "class": "tests.stages:Answer"}])
-    s = s.model_copy(update={"doorbell_dir": bell_dir,
-                             "consumer": s.consumer.model_copy(update={"doze_max_ms": 500})})
-    await create_topics(s)
+    s = await _belled(broker, prefix, tmp_path, bell_dir, 500)
     async with stage_worker(s, Topology(s), "answer", broker.bootstrap) as w, \
             Client(broker.bootstrap, topic_prefix=prefix) as client:  # this client never rings
         await wait_until(lambda: _dozing(w), 60, "the worker to doze")

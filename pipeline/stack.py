@@ -13,6 +13,7 @@ import asyncio
 import json
 import logging
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -28,6 +29,7 @@ from pipeline.config.settings import CONFIG_ENV, Settings
 from pipeline.dev_key import ensure_dev_tenant
 from pipeline.ingress.http import FrontDoor, HttpServer
 from pipeline.runtime.broker import EmbeddedBroker, free_port
+from pipeline.runtime.doorbell import default_dir as default_doorbell_dir
 from pipeline.runtime.launch import sink_worker, stage_worker, start_all
 from pipeline.runtime.metrics import serve_metrics
 from pipeline.runtime.service import serve
@@ -62,6 +64,7 @@ class StackInfo:
     pids: dict[str, int] = field(default_factory=dict)
     metrics_url: str | None = None
     started_at: float = field(default_factory=time.time)
+    doorbell_dir: str | None = None  # the stack's wake-up hints; CLI clients ring and doze there too
     dev_key_new: bool = False  # this start created the development key (`llmpipe up` shows it once)
 
     def write(self, data_dir: Path) -> None:
@@ -113,6 +116,8 @@ class _ChildWorkers:
         env = {**os.environ, "LLMPIPE_BOOTSTRAP": self.bootstrap,
                "LLMPIPE_DATA_DIR": str(self.settings.resolved_data_dir()),
                "LLMPIPE_TOPIC_PREFIX": self.settings.topic_prefix}
+        if self.settings.doorbell_dir:
+            env["LLMPIPE_DOORBELL_DIR"] = str(self.settings.doorbell_dir)
         if self.settings._config_file:  # the workers read the supervisor's config file
             env[CONFIG_ENV] = self.settings._config_file
         cmd = [sys.executable, "-m", "pipeline.cli", "worker", stage, "--ready-file", str(self.ready_file(stage))]
@@ -197,6 +202,8 @@ async def run_stack(settings: Settings, processes: bool = False,
     """The supervisor.
 
     1. Refuse a second stack on the data dir, and a topology with a stage that does not load.
+       With the embedded broker, give every process of the stack one doorbell dir
+       (runtime/doorbell.py), unless one is configured or `consumer.doorbell` is off.
     2. Start the broker (embedded unless `bootstrap` names one), apply the topics, ensure the dev tenant.
     3. Start the stages: one child process per group (`processes`), or workers in this loop with
        the sink and the admin endpoint.
@@ -214,6 +221,7 @@ async def run_stack(settings: Settings, processes: bool = False,
         loop.add_signal_handler(sig, stop.set)
     async with AsyncExitStack() as parts:
         parts.callback(_forget, data_dir)  # however it ends
+        settings = _with_doorbell(settings, data_dir, parts)
         up = _Up(settings, Topology(settings), stop, on_ready)
         if not settings.bootstrap:
             broker = await serve(parts, EmbeddedBroker(data_dir, settings.broker_port))
@@ -254,11 +262,25 @@ class _Up:
     def announce(self, admin_url: str, http_url: str, metrics_url: str | None = None) -> None:
         s = self.settings
         info = StackInfo(self.bootstrap, admin_url, http_url, s.topic_prefix, s.resolved_warehouse_dsn(), self.stages,
-                         self.pids, metrics_url, dev_key_new=self.dev_key_new)
+                         self.pids, metrics_url, dev_key_new=self.dev_key_new,
+                         doorbell_dir=str(s.doorbell_dir) if s.doorbell_dir else None)
         info.write(s.resolved_data_dir())
         if self.on_ready is not None:
             self.on_ready(info)
         log.info("stack ready: broker %s, admin %s, stages %s", self.bootstrap, admin_url, self.stages or "none")
+
+
+def _with_doorbell(settings: Settings, data_dir: Path, parts: AsyncExitStack) -> Settings:
+    """The embedded broker never wakes a waiting fetch: without hints every consumer polls
+    (docs/ARCHITECTURE.md, "The doorbell"). A configured dir is kept as it is."""
+    if settings.bootstrap or settings.doorbell_dir or not settings.consumer.doorbell:
+        return settings
+    bells = default_doorbell_dir(data_dir)
+    if bells is None:
+        log.warning("no doorbell: no private short directory for its sockets; consumers poll instead")
+        return settings
+    parts.callback(shutil.rmtree, bells, True)  # after every process of the stack stopped
+    return settings.model_copy(update={"doorbell_dir": bells})
 
 
 def _forget(data_dir: Path) -> None:

@@ -54,6 +54,7 @@ def stack(tmp_path):
 def test_up_submit_sql_replay_down(stack, tmp_path):
     assert stack["stages"] == ["classify", "answer"]
     assert (tmp_path / "stack.json").exists()
+    assert stack["doorbell_dir"] and any(Path(stack["doorbell_dir"]).rglob("*.sock")), "the doorbell is on"
     again = llmpipe("up", "--detach", "--config", str(CONFIG), data_dir=tmp_path)
     assert again.returncode == 1 and "already running" in again.stderr
 
@@ -137,6 +138,10 @@ def test_processes_mode_replay_by_time_and_live_replay(tmp_path):
     try:
         assert {"worker:sink", "worker:classify", "worker:answer"} <= set(info["pids"])
         assert len(set(info["pids"].values())) == len(info["pids"]), "one process per stage group"
+        # the embedded stack's doorbell: every stage process and the front door have a bell there
+        bells = Path(info["doorbell_dir"])
+        belled = {int(p.name.split("-")[0]) for p in bells.rglob("*.sock")}
+        assert {info["pids"][k] for k in ("worker:classify", "worker:answer", "supervisor")} <= belled
         import time
         from datetime import datetime, timezone
 
@@ -185,6 +190,7 @@ def test_processes_mode_replay_by_time_and_live_replay(tmp_path):
     finally:
         down = llmpipe("down", data_dir=tmp_path)
         assert down.returncode == 0
+    assert not bells.exists(), "down removes the stack's bell dir"
     for pid in info["pids"].values():
         import os
 

@@ -12,8 +12,9 @@ import pytest
 from aiokafka import AIOKafkaProducer
 
 from pipeline.ingress import Client
+from pipeline.runtime import doorbell
 from pipeline.runtime.codec import encode, request_headers
-from pipeline.runtime.doorbell import Bell, Ringer, topic_dir
+from pipeline.runtime.doorbell import Bell, Ringer, default_dir, topic_dir
 from pipeline.runtime.launch import stage_worker
 from pipeline.runtime.topics import TopicNames
 from pipeline.runtime.topology import Topology
@@ -66,6 +67,43 @@ async def test_a_dead_bell_is_unlinked_and_a_too_long_path_is_refused(bell_dir):
         await Bell(bell_dir / ("x" * 120), ["t.d"]).start()
 
 
+def test_the_stack_bell_dir_is_private_and_short(tmp_path, monkeypatch, bell_dir):
+    short = bell_dir / "d"
+    d = default_dir(short)
+    assert d == short.resolve() / "run" / "bells" and (d.stat().st_mode & 0o777) == 0o700
+    deep = tmp_path / ("x" * 80)  # DATA_DIR/run/bells would not fit a socket path
+    monkeypatch.setattr(tempfile, "tempdir", str(bell_dir))
+    d = default_dir(deep)
+    assert d is not None and d.parent == bell_dir and d.name.startswith("llmpipe-bells-")
+    assert (d.stat().st_mode & 0o777) == 0o700 and default_dir(deep) == d, "the same dir for the same data dir"
+    d.chmod(0o777)  # opened to others (or made by someone else): not trusted
+    assert default_dir(deep) is None
+
+
+@pytest.mark.asyncio(loop_scope="session")
+async def test_records_after_an_unrung_doze_keep_the_bell_awake(bell_dir, monkeypatch):
+    b = await Bell(bell_dir, ["t.e"]).start()
+    try:
+        assert not await b.wait(0.01)
+        b.fetched(3)
+        assert b.may_doze and b.unrung == 0, "a young bell does not judge: its socket may not be listed yet"
+        b._started -= doorbell.UNRUNG_GRACE_S
+        assert not await b.wait(0.01)
+        b.fetched(0)
+        assert b.may_doze, "nothing arrived: no producer to blame"
+        Ringer(bell_dir).ring_soon("t.e")
+        assert await b.wait(5)
+        b.fetched(2)
+        assert b.may_doze, "rung records"
+        assert not await b.wait(0.01)
+        b.fetched(1)
+        assert not b.may_doze and b.unrung == 1, "records that came without a ring"
+        monkeypatch.setattr(doorbell.time, "monotonic", lambda: time.time() + 10 ** 6)
+        assert b.may_doze, "and it dozes again after AWAKE_AFTER_UNRUNG_S"
+    finally:
+        b.stop()
+
+
 def _dozing(worker) -> bool:
     c = worker.consumer
     return bool(c.assignment()) and c.paused() == c.assignment()
@@ -103,6 +141,7 @@ async def test_a_producer_that_does_not_ring_is_still_read_after_doze_max(broker
     async with stage_worker(s, Topology(s), "answer", broker.bootstrap) as w, \
             Client(broker.bootstrap, topic_prefix=prefix) as client:  # this client never rings
         await wait_until(lambda: _dozing(w), 60, "the worker to doze")
+        await asyncio.sleep(doorbell.UNRUNG_GRACE_S)  # a bell judges unrung arrivals only after this
         docs = [client.build(f"quiet {i}") for i in range(5)]
         futs = await client.submit_many(docs)
         p = AIOKafkaProducer(bootstrap_servers=broker.bootstrap, acks="all")  # nor does this one
@@ -115,4 +154,9 @@ async def test_a_producer_that_does_not_ring_is_still_read_after_doze_max(broker
         finally:
             await p.stop()
         answers = await asyncio.gather(*(client.wait(d.request_id, f, 60) for d, f in zip(docs + [late], futs + [fut])))
-    assert [a.text for a in answers] == [f"QUIET {i}" for i in range(5)] + ["RAW"]
+        assert [a.text for a in answers] == [f"QUIET {i}" for i in range(5)] + ["RAW"]
+        # step 5: those records came unrung, so the worker polls instead of dozing
+        assert w.bell is not None and w.bell.unrung >= 1 and not w.bell.may_doze
+        for _ in range(20):
+            assert not _dozing(w)
+            await asyncio.sleep(0.05)

@@ -100,6 +100,17 @@ def _stack_bootstrap(s: Settings) -> tuple[str, str]:
     return info.bootstrap, info.topic_prefix
 
 
+def _stack_doorbell(s: Settings) -> Path | None:
+    """The doorbell dir a client of this stack rings and dozes in: configured, else the running
+    embedded stack's (runtime/doorbell.py); None talks to the broker without hints."""
+    from pipeline.stack import running_stack
+
+    if s.doorbell_dir or s.bootstrap:
+        return s.doorbell_dir
+    info = running_stack(s.resolved_data_dir())
+    return Path(info.doorbell_dir) if info is not None and info.doorbell_dir else None
+
+
 def _print_json(doc: Any) -> None:
     sys.stdout.write(orjson.dumps(doc, default=str).decode() + "\n")
     sys.stdout.flush()
@@ -194,7 +205,7 @@ def _send_lines(s: Settings, file: Path, label: str, **run_load_args: Any) -> An
         with Progress(TextColumn(label), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                       console=err, transient=True) as progress:
             task = progress.add_task(label, total=len(lines))
-            async with Client(bs, topic_prefix=prefix, security=s.kafka, doorbell_dir=s.doorbell_dir) as client:
+            async with Client(bs, topic_prefix=prefix, security=s.kafka, doorbell_dir=_stack_doorbell(s)) as client:
                 to_doc = (lambda line: make_doc(client, line)) if make_doc else None
                 return await run_load(client, lines, on_done=lambda: progress.advance(task), to_doc=to_doc,
                                       **run_load_args)

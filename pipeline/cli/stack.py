@@ -22,6 +22,7 @@ from pipeline.cli.common import (
     _print_json,
     _settings,
     _stack_bootstrap,
+    _stack_doorbell,
     command,
     out,
 )
@@ -136,7 +137,7 @@ def serve(data_dir: DataDir = Path(".llmpipe"), config: ConfigFile = None, boots
 
     s = _settings(data_dir, config, bootstrap)
     boot, prefix = _stack_bootstrap(s)
-    s = s.model_copy(update={"topic_prefix": prefix})
+    s = s.model_copy(update={"topic_prefix": prefix, "doorbell_dir": _stack_doorbell(s)})
 
     async def run() -> None:
         stop = asyncio.Event()

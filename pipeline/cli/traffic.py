@@ -21,6 +21,7 @@ from pipeline.cli.common import (
     _send_lines,
     _settings,
     _stack_bootstrap,
+    _stack_doorbell,
     command,
     out,
 )
@@ -64,7 +65,7 @@ def submit(prompt: Annotated[str, typer.Option("--prompt", help="the user messag
                     seed=seed, images=[_image_arg(i) for i in image or []])
 
     async def run() -> Any:
-        async with Client(bs, topic_prefix=prefix, security=s.kafka, doorbell_dir=s.doorbell_dir) as client:
+        async with Client(bs, topic_prefix=prefix, security=s.kafka, doorbell_dir=_stack_doorbell(s)) as client:
             doc = client.build(body=body, timeout_s=timeout, api_key=_caller_key(s, api_key, tenant),
                                idempotency_key=idempotency_key, tenant_id=tenant)
             return await client.request(doc, timeout + 5)

@@ -51,6 +51,10 @@ class ConsumerSettings(BaseModel):
     doorbell: bool = Field(True, description="use the doorbell when the process has a doorbell_dir")
     doze_after_ms: int = Field(10, ge=1)
     doze_max_ms: int = Field(200, ge=1)
+    # after a ring, how long the first fetch may take before the consumer dozes again: a fetch
+    # slower than doze_after_ms (a busy host) would otherwise be paused away, and the record it
+    # was woken for would wait doze_max_ms
+    doze_wake_ms: int = Field(100, ge=1)
 
 
 class KafkaSecurity(BaseModel):
@@ -257,7 +261,9 @@ class Settings(BaseSettings):
     broker_port: int = 0
     doorbell_dir: Path | None = Field(None, description="wake-up hints between the processes of one host "
                                                         "(runtime/doorbell.py); for a broker that never wakes a "
-                                                        "waiting fetch, like the embedded one")
+                                                        "waiting fetch, like the embedded one. `llmpipe up` on "
+                                                        "the embedded broker chooses one unless this is set or "
+                                                        "consumer.doorbell is off")
     stages: list[StageSpec] = Field(default_factory=list)
     consumer: ConsumerSettings = ConsumerSettings()
     kafka: KafkaSecurity = KafkaSecurity()

@@ -38,6 +38,7 @@ class ClientTimeout(TimeoutError):
 
 DOZE_AFTER_MS = 10
 DOZE_MAX_S = 0.2
+DOZE_WAKE_MS = 100  # ConsumerSettings.doze_wake_ms
 
 
 class Client:
@@ -180,26 +181,33 @@ class Client:
 
     async def _read_replies(self) -> None:
         assert self.consumer is not None
-        # fast while answers are awaited; with a bell it dozes between them instead of polling slowly
-        pacer = FetchPacer(self.consumer, 5, 5 if self._bell else 100, 500)
+        # fast while answers are awaited; with a bell it dozes between them instead of polling
+        # slowly, unless answers came unrung (runtime/doorbell.py, step 5)
+        pacer = FetchPacer(self.consumer, 5, 100, 500)
+        rung = False
         while not self._closing:
-            poll_ms = DOZE_AFTER_MS if self._bell else 20
+            dozing = self._bell is not None and self._bell.may_doze
+            pacer.set_idle_wait(5 if dozing else 100)
+            poll_ms = (DOZE_WAKE_MS if rung else DOZE_AFTER_MS) if dozing else 20
             batches = await guarded_getmany(self.consumer, "client replies", timeout_ms=poll_ms)
+            rung = False
             got = sum(len(r) for r in batches.values())
             pacer.saw(got + len(self._pending))
+            if self._bell is not None:
+                self._bell.fetched(got)
             for records in batches.values():
                 for rec in records:
                     self._deliver(rec.value)
-            if not got and self._bell is not None and not self._closing:
-                await self._doze()
+            if not got and dozing and not self._closing:
+                rung = await self._doze()
 
-    async def _doze(self) -> None:
+    async def _doze(self) -> bool:
         """runtime/doorbell.py, step 3: stop fetching until postprocess rings (or DOZE_MAX_S)."""
         assert self.consumer is not None and self._bell is not None
         tps = self.consumer.assignment()
         self.consumer.pause(*tps)
         try:
-            await self._bell.wait(DOZE_MAX_S)
+            return await self._bell.wait(DOZE_MAX_S)
         finally:
             self.consumer.resume(*tps)
 

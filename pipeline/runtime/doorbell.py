@@ -19,6 +19,11 @@ Protocol:
    the bell set, so that doze ends at once: a wake-up is never lost, and a lost datagram (or a
    producer that does not ring) costs at most `doze_max_ms` of latency.
 4. Hints are never needed for correctness: records are read from the broker as always.
+5. Records fetched right after a doze that ended unrung came from a producer outside the doorbell
+   (a client of the broker's own, a worker started without the dir). The bell then stays awake
+   for `AWAKE_AFTER_UNRUNG_S`: the consumer polls as it would without a bell, so such a producer's
+   records wait for a fetch, not for doze_max. A bell younger than `UNRUNG_GRACE_S` does not
+   judge: producers list a new socket up to `LISTING_TTL_S` late.
 """
 
 from __future__ import annotations
@@ -28,6 +33,8 @@ import contextlib
 import hashlib
 import os
 import socket
+import stat
+import tempfile
 import time
 import uuid
 from collections.abc import Iterable
@@ -37,6 +44,10 @@ from aiokafka import AIOKafkaProducer
 
 MAX_SOCKET_PATH = 100  # sun_path holds 108 bytes on Linux
 LISTING_TTL_S = 1.0
+UNRUNG_GRACE_S = 2 * LISTING_TTL_S
+AWAKE_AFTER_UNRUNG_S = 60.0
+# the longest socket name below a doorbell dir: "/<12 hex>/<pid, 7 digits>-<8 hex>.sock"
+_LONGEST_NAME = 1 + 12 + 1 + 7 + 1 + 8 + 5
 
 
 def topic_dir(directory: Path, topic: str) -> Path:
@@ -53,9 +64,14 @@ class Bell:
         self._socks: list[tuple[socket.socket, Path]] = []
         self._event: asyncio.Event | None = None
         self.rings = 0
+        self.unrung = 0  # arrivals judged to come from a producer that does not ring (step 5)
+        self._started = 0.0
+        self._awake_until = 0.0
+        self._timed_out = False
 
     async def start(self) -> "Bell":
         self._event = asyncio.Event()
+        self._started = time.monotonic()
         loop = asyncio.get_running_loop()
         name = f"{os.getpid()}-{uuid.uuid4().hex[:8]}.sock"
         try:
@@ -100,7 +116,20 @@ class Bell:
             except TimeoutError:
                 pass
         self._event.clear()
+        self._timed_out = not rang
         return rang
+
+    def fetched(self, records: int) -> None:
+        """Step 5: tell the bell what the fetch after a doze found."""
+        now = time.monotonic()
+        if records and self._timed_out and now - self._started >= UNRUNG_GRACE_S:
+            self.unrung += 1
+            self._awake_until = now + AWAKE_AFTER_UNRUNG_S
+        self._timed_out = False
+
+    @property
+    def may_doze(self) -> bool:
+        return time.monotonic() >= self._awake_until
 
     def stop(self) -> None:
         """Idempotent."""
@@ -177,6 +206,25 @@ class RingingProducer(AIOKafkaProducer):
     async def stop(self) -> None:
         await super().stop()
         self.ringer.close()
+
+
+def default_dir(data_dir: Path) -> Path | None:
+    """The embedded stack's bell dir: DATA_DIR/run/bells when a socket path below it fits, else a
+    0700 dir of this user under the temp dir, named by a hash of the data dir. None (doorbell off,
+    logged by the caller) when that name is taken by another user or open to others."""
+    inside = data_dir.resolve() / "run" / "bells"
+    if len(str(inside)) + _LONGEST_NAME <= MAX_SOCKET_PATH:
+        inside.mkdir(mode=0o700, parents=True, exist_ok=True)
+        return inside
+    tmp = Path(tempfile.gettempdir()) / f"llmpipe-bells-{hashlib.sha1(str(data_dir.resolve()).encode()).hexdigest()[:16]}"
+    if len(str(tmp)) + _LONGEST_NAME > MAX_SOCKET_PATH:
+        return None
+    with contextlib.suppress(FileExistsError):
+        tmp.mkdir(mode=0o700)
+    st = tmp.lstat()
+    if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.getuid() or st.st_mode & 0o077:
+        return None  # another user's, or a link: its sockets could not be trusted to be ours
+    return tmp
 
 
 def producer_class(doorbell_dir: Path | None) -> tuple[type[AIOKafkaProducer], dict]:

@@ -221,11 +221,16 @@ class StageWorker:
         assert self.consumer is not None
         guard = self.consumer_settings.poll_guard_s
         c = self.consumer_settings
-        # with a bell the consumer dozes instead of polling slowly, so the pacer stays at the fast wait
-        idle_wait = c.fetch_max_wait_ms if self.bell else c.idle_fetch_max_wait_ms
-        pacer = FetchPacer(self.consumer, c.fetch_max_wait_ms, idle_wait, c.idle_after_ms)
-        poll_ms = c.doze_after_ms if self.bell else 100
+        pacer = FetchPacer(self.consumer, c.fetch_max_wait_ms, c.idle_fetch_max_wait_ms, c.idle_after_ms)
+        rung = False
         while self._fetching:
+            # a dozing consumer polls fast between dozes, so no slow fetch is in flight when it
+            # pauses; awake (no bell, or step 5 of runtime/doorbell.py) it polls slowly when idle
+            dozing = self.bell is not None and self.bell.may_doze
+            pacer.set_idle_wait(c.fetch_max_wait_ms if dozing else c.idle_fetch_max_wait_ms)
+            poll_ms = c.doze_after_ms if dozing else 100
+            if rung:  # the first fetch after resuming may take longer than doze_after (step 3)
+                poll_ms, rung = max(poll_ms, c.doze_wake_ms), False
             if self.queue.paused:
                 if await self.queue.wait_below_low(0.2):
                     self.consumer.resume(*(self.consumer.assignment() - self._restoring))
@@ -239,10 +244,12 @@ class StageWorker:
                                             max_records=room, timeout_ms=poll_ms)
             got = sum(len(r) for r in batches.values())
             pacer.saw(got)
+            if self.bell is not None:
+                self.bell.fetched(got)
             if got:
                 self._last_record = time.monotonic()
-            elif self.bell is not None:
-                await self._doze()
+            elif dozing:
+                rung = await self._doze()
             for tp, records in batches.items():
                 gen = self._generation.get(tp)
                 if gen is None:
@@ -257,18 +264,19 @@ class StageWorker:
                 self.consumer.pause(*self.consumer.assignment())
                 self.queue.set_paused(True)
 
-    async def _doze(self) -> None:
+    async def _doze(self) -> bool:
         """Protocol step 3 of runtime/doorbell.py: nothing for doze_after_ms -> pause what is
-        fetchable, wait for the bell (at most doze_max_ms), resume what is still ours."""
+        fetchable, wait for the bell (at most doze_max_ms), resume what is still ours. True when
+        it rang."""
         assert self.consumer is not None and self.bell is not None
         c = self.consumer_settings
         if time.monotonic() - self._last_record < c.doze_after_ms / 1000 or self.queue.paused:
-            return
+            return False
         tps = self.consumer.assignment() - self._restoring - self.consumer.paused()
         if tps:
             self.consumer.pause(*tps)
         try:
-            await self.bell.wait(c.doze_max_ms / 1000)
+            return await self.bell.wait(c.doze_max_ms / 1000)
         finally:
             back = (tps & self.consumer.assignment()) - self._restoring
             if back and not self.queue.paused:

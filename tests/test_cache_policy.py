@@ -98,6 +98,27 @@ def test_gate_refuses_near_misses_that_cosine_cannot(analyze):
     assert not g("Call <PERSON_1>", "Call <PERSON_2>").checks["entities"]
 
 
+def test_gate_skips_the_analysis_when_numbers_or_entities_already_differ(analyze):
+    seen: list[str] = []
+    words: list[list[str]] = []
+
+    def counting(text):
+        seen.append(text)
+        return analyze(text)
+
+    def sims(ws, against):
+        words.append(ws)
+        return lexical(ws, against)
+
+    v = gate("Reply yes (order 5 a1b2)", "Reply yes (order 7 c3d4)", counting, sims, RULES)
+    assert not v.passed and v.reason == "gate_failed:numbers" and set(v.checks) == {"numbers", "entities"}
+    v = gate("Call <PERSON_1> now", "Call <PERSON_2> now", counting, sims, RULES)
+    assert not v.passed and v.checks["entities"] is False
+    assert seen == [] and words == [], "no analysis, no word embeddings"
+    v = gate("Reply yes (order 5 abcd)", "Reply yes (order 5 efgh)", counting, sims, RULES)
+    assert len(seen) == 2 and set(v.checks) == {"numbers", "entities", "negation", "content_words"}
+
+
 def test_gate_refuses_a_different_action_or_added_specific_detail(analyze):
     def g(a, b):
         return gate(a, b, analyze, lexical, RULES).passed

@@ -172,13 +172,20 @@ def gate(query: str, candidate: str, analyze: Callable[[str], Analysis], word_si
 
     `word_similarity(words, against)` lets close English common nouns count as the same word
     (>= rules.word_match); names, adjectives and Korean words never pass on similarity: co-hyponyms
-    (Canada/Mexico, 부산/대전) embed close together."""
-    qa, ca = analyze(normalise(query)), analyze(normalise(candidate))
+    (Canada/Mexico, 부산/대전) embed close together.
+
+    Cheapest first: when numbers or entities differ the verdict is already a fail, so the
+    analysis and the word embeddings (most of a lookup's cost, docs/ARCHITECTURE.md) are skipped,
+    and `checks` holds only the checks that ran."""
     checks = {
         "numbers": numbers(query) == numbers(candidate),
         "entities": set(PLACEHOLDER.findall(query)) == set(PLACEHOLDER.findall(candidate)),
-        "negation": negated(query, qa) == negated(candidate, ca),
     }
+    if not all(checks.values()):
+        failed = [k for k, ok in checks.items() if not ok]
+        return GateVerdict(passed=False, checks=checks, reason="gate_failed:" + ",".join(failed))
+    qa, ca = analyze(normalise(query)), analyze(normalise(candidate))
+    checks["negation"] = negated(query, qa) == negated(candidate, ca)
     qt, ct = content_tokens(qa), content_tokens(ca)
     q_un = _unmatched(qt, ct, re.sub(r"\s+", "", candidate.lower()), rules)
     c_un = _unmatched(ct, qt, re.sub(r"\s+", "", query.lower()), rules)

@@ -90,7 +90,8 @@ class FrontDoor:
         self.keyring = await asyncio.to_thread(keyring_for, self.settings)
         await self.client.start()
         topic = TopicNames(self.settings.topic_prefix)("control")
-        self.follower = await ControlFollower(self.bootstrap, topic, self.registry.apply, self.settings.kafka).start()
+        self.follower = await ControlFollower(self.bootstrap, topic, self.registry.apply, self.settings.kafka,
+                                              self.settings.doorbell_dir).start()
         self.ready = True
         return self
 

@@ -19,11 +19,14 @@ Protocol:
    the bell set, so that doze ends at once: a wake-up is never lost, and a lost datagram (or a
    producer that does not ring) costs at most `doze_max_ms` of latency.
 4. Hints are never needed for correctness: records are read from the broker as always.
-5. Records fetched right after a doze that ended unrung came from a producer outside the doorbell
-   (a client of the broker's own, a worker started without the dir). The bell then stays awake
-   for `AWAKE_AFTER_UNRUNG_S`: the consumer polls as it would without a bell, so such a producer's
-   records wait for a fetch, not for doze_max. A bell younger than `UNRUNG_GRACE_S` does not
-   judge: producers list a new socket up to `LISTING_TTL_S` late.
+5. Records fetched right after a doze that ended unrung, with no ring by the time the fetch
+   returned (a ring follows its record within a fetch's round trip), came from a producer outside
+   the doorbell (a client of the broker's own, a worker started without the dir). After
+   `UNRUNG_TO_WAKE` such fetches within `UNRUNG_WINDOW_S` the bell stays awake for
+   `AWAKE_AFTER_UNRUNG_S`: the consumer polls as it would without a bell, so such a producer's
+   records wait for a fetch, not for doze_max. One is not enough: a doze can time out just as a
+   ringing producer's record lands. A bell younger than `UNRUNG_GRACE_S` does not judge:
+   producers list a new socket up to `LISTING_TTL_S` late.
 """
 
 from __future__ import annotations
@@ -45,6 +48,8 @@ from aiokafka import AIOKafkaProducer
 MAX_SOCKET_PATH = 100  # sun_path holds 108 bytes on Linux
 LISTING_TTL_S = 1.0
 UNRUNG_GRACE_S = 2 * LISTING_TTL_S
+UNRUNG_TO_WAKE = 2
+UNRUNG_WINDOW_S = 30.0
 AWAKE_AFTER_UNRUNG_S = 60.0
 # the longest socket name below a doorbell dir: "/<12 hex>/<pid, 7 digits>-<8 hex>.sock"
 _LONGEST_NAME = 1 + 12 + 1 + 7 + 1 + 8 + 5
@@ -68,6 +73,7 @@ class Bell:
         self._started = 0.0
         self._awake_until = 0.0
         self._timed_out = False
+        self._unrung_at: list[float] = []
 
     async def start(self) -> "Bell":
         self._event = asyncio.Event()
@@ -122,9 +128,12 @@ class Bell:
     def fetched(self, records: int) -> None:
         """Step 5: tell the bell what the fetch after a doze found."""
         now = time.monotonic()
-        if records and self._timed_out and now - self._started >= UNRUNG_GRACE_S:
+        rang_since = self._event is not None and self._event.is_set()
+        if records and self._timed_out and not rang_since and now - self._started >= UNRUNG_GRACE_S:
             self.unrung += 1
-            self._awake_until = now + AWAKE_AFTER_UNRUNG_S
+            self._unrung_at = [t for t in self._unrung_at if now - t < UNRUNG_WINDOW_S] + [now]
+            if len(self._unrung_at) >= UNRUNG_TO_WAKE:
+                self._awake_until = now + AWAKE_AFTER_UNRUNG_S
         self._timed_out = False
 
     @property

@@ -3,6 +3,10 @@ record: how every cache worker keeps its replica of the `control` changelog.
 
 Catching up: end offsets are unreliable on the embedded broker, so `catch_up()` writes a unique
 marker record to every partition and waits until the follower has read all of them back.
+
+With a doorbell dir (runtime/doorbell.py) the follower dozes between records like a stage
+worker: `control` takes a cache write-back per answered miss, so without it every follower of
+every process (six in the product topology) fetched every 20 ms while traffic flowed.
 """
 
 from __future__ import annotations
@@ -11,22 +15,31 @@ import asyncio
 import logging
 import uuid
 from collections.abc import Callable
+from pathlib import Path
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 
 from pipeline.config.settings import KafkaSecurity, kafka_kwargs
 from pipeline.contracts import ControlRecord, Marker
 from pipeline.runtime.codec import decode, encode
+from pipeline.runtime.doorbell import Bell, producer_class
 from pipeline.runtime.errors import DecodeError
 from pipeline.runtime.polling import FetchPacer, guarded_getmany
 
 log = logging.getLogger(__name__)
 
+FETCH_WAIT_MS = 20
+DOZE_AFTER_MS = 2 * FETCH_WAIT_MS  # longer than one fetch: a doze never pauses a fetch in flight away
+DOZE_WAKE_MS = 100  # ConsumerSettings.doze_wake_ms
+DOZE_MAX_S = 1.0  # control changes are rare; a producer that does not ring is caught by step 5
+
 
 class ControlFollower:
     def __init__(self, bootstrap: str, topic: str, apply: Callable[[object], object],
-                 security: KafkaSecurity | None = None) -> None:
+                 security: KafkaSecurity | None = None, doorbell_dir: Path | None = None) -> None:
         self.bootstrap = bootstrap
+        self.doorbell_dir = doorbell_dir
+        self.bell: Bell | None = None
         self.kafka = kafka_kwargs(security)
         self.topic = topic
         self.apply = apply
@@ -38,11 +51,15 @@ class ControlFollower:
         self.unreadable = 0
 
     async def start(self, timeout_s: float = 60.0) -> "ControlFollower":
-        self.producer = AIOKafkaProducer(bootstrap_servers=self.bootstrap, acks="all", enable_idempotence=False,
-                                         **self.kafka)
+        cls, extra = producer_class(self.doorbell_dir)  # catch-up markers ring the other followers too
+        self.producer = cls(bootstrap_servers=self.bootstrap, acks="all", enable_idempotence=False,
+                            **self.kafka, **extra)
         await self.producer.start()
+        if self.doorbell_dir is not None:
+            self.bell = await Bell(self.doorbell_dir, [self.topic]).start()
         self.consumer = AIOKafkaConsumer(bootstrap_servers=self.bootstrap, enable_auto_commit=False,
-                                         fetch_max_wait_ms=20, auto_offset_reset="earliest", **self.kafka)
+                                         fetch_max_wait_ms=FETCH_WAIT_MS, auto_offset_reset="earliest",
+                                         **self.kafka)
         await self.consumer.start()
         await asyncio.sleep(0)  # aiokafka: a consumer stopped before its first tick raises CancelledError
         parts = await self.producer.partitions_for(self.topic)
@@ -61,6 +78,8 @@ class ControlFollower:
             await self.consumer.stop()
         if self.producer is not None:
             await self.producer.stop()
+        if self.bell is not None:
+            self.bell.stop()
 
     async def publish(self, record: object, key: bytes | None = None) -> None:
         await self.publish_to(self.topic, record, key)
@@ -84,10 +103,20 @@ class ControlFollower:
 
     async def _follow(self) -> None:
         assert self.consumer is not None
-        pacer = FetchPacer(self.consumer, 20, 200, 2000)  # control changes are rare; a catch-up marker wakes it
+        pacer = FetchPacer(self.consumer, FETCH_WAIT_MS, 200, 2000)  # without a bell: slow polls when idle
+        rung = False
         while True:
-            batches = await guarded_getmany(self.consumer, "control follower", timeout_ms=200)
-            pacer.saw(sum(len(r) for r in batches.values()))
+            dozing = self.bell is not None and self.bell.may_doze
+            pacer.set_idle_wait(FETCH_WAIT_MS if dozing else 200)
+            poll_ms = (DOZE_WAKE_MS if rung else DOZE_AFTER_MS) if dozing else 200
+            batches = await guarded_getmany(self.consumer, "control follower", timeout_ms=poll_ms)
+            got = sum(len(r) for r in batches.values())
+            pacer.saw(got)
+            if self.bell is not None:
+                self.bell.fetched(got)
+            rung = False
+            if not got and dozing:
+                rung = await self._doze()
             for records in batches.values():
                 for rec in records:
                     try:
@@ -104,3 +133,13 @@ class ControlFollower:
                         continue
                     await asyncio.to_thread(self.apply, record)
                     self.applied += 1
+
+    async def _doze(self) -> bool:
+        """runtime/doorbell.py, step 3; True when it rang."""
+        assert self.consumer is not None and self.bell is not None
+        tps = self.consumer.assignment()
+        self.consumer.pause(*tps)
+        try:
+            return await self.bell.wait(DOZE_MAX_S)
+        finally:
+            self.consumer.resume(*tps)

@@ -133,7 +133,9 @@ class Stage:
             from pipeline.runtime.topics import TopicNames
 
             topic = TopicNames(self.ctx.topic_prefix)("control")
-            self.follower = await ControlFollower(self.ctx.bootstrap, topic, apply, self.ctx.settings.kafka).start()
+            s = self.ctx.settings
+            self.follower = await ControlFollower(self.ctx.bootstrap, topic, apply, s.kafka,
+                                                  s.doorbell_dir if s.consumer.doorbell else None).start()
 
     async def stop_following(self) -> None:
         if self.follower is not None:

@@ -6,13 +6,17 @@ marker record to every partition and waits until the follower has read all of th
 
 With a doorbell dir (runtime/doorbell.py) the follower dozes between records like a stage
 worker: `control` takes a cache write-back per answered miss, so without it every follower of
-every process (six in the product topology) fetched every 20 ms while traffic flowed.
+every process (six in the product topology) fetched every 20 ms while traffic flowed. A rung
+follower still fetches at most once per `MIN_ROUND_S`: only the cache stage applies write-backs,
+the others would wake for each one only to skip it, and a fetch is what costs the broker
+(bench/broker_cost.py). Control changes are applied up to that much later.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import time
 import uuid
 from collections.abc import Callable
 from pathlib import Path
@@ -28,10 +32,11 @@ from pipeline.runtime.polling import FetchPacer, guarded_getmany
 
 log = logging.getLogger(__name__)
 
-FETCH_WAIT_MS = 20
+FETCH_WAIT_MS = 5
 DOZE_AFTER_MS = 2 * FETCH_WAIT_MS  # longer than one fetch: a doze never pauses a fetch in flight away
 DOZE_WAKE_MS = 100  # ConsumerSettings.doze_wake_ms
 DOZE_MAX_S = 1.0  # control changes are rare; a producer that does not ring is caught by step 5
+MIN_ROUND_S = 0.2
 
 
 class ControlFollower:
@@ -49,6 +54,7 @@ class ControlFollower:
         self._waiting: dict[str, asyncio.Event] = {}
         self.applied = 0
         self.unreadable = 0
+        self._round_at = 0.0
 
     async def start(self, timeout_s: float = 60.0) -> "ControlFollower":
         cls, extra = producer_class(self.doorbell_dir)  # catch-up markers ring the other followers too
@@ -58,7 +64,8 @@ class ControlFollower:
         if self.doorbell_dir is not None:
             self.bell = await Bell(self.doorbell_dir, [self.topic]).start()
         self.consumer = AIOKafkaConsumer(bootstrap_servers=self.bootstrap, enable_auto_commit=False,
-                                         fetch_max_wait_ms=FETCH_WAIT_MS, auto_offset_reset="earliest",
+                                         fetch_max_wait_ms=FETCH_WAIT_MS if self.bell else 20,
+                                         auto_offset_reset="earliest",
                                          **self.kafka)
         await self.consumer.start()
         await asyncio.sleep(0)  # aiokafka: a consumer stopped before its first tick raises CancelledError
@@ -103,11 +110,12 @@ class ControlFollower:
 
     async def _follow(self) -> None:
         assert self.consumer is not None
-        pacer = FetchPacer(self.consumer, FETCH_WAIT_MS, 200, 2000)  # without a bell: slow polls when idle
+        fast = FETCH_WAIT_MS if self.bell is not None else 20
+        pacer = FetchPacer(self.consumer, fast, 200, 2000)  # awake: slow polls when idle
         rung = False
         while True:
             dozing = self.bell is not None and self.bell.may_doze
-            pacer.set_idle_wait(FETCH_WAIT_MS if dozing else 200)
+            pacer.set_idle_wait(fast if dozing else 200)
             poll_ms = (DOZE_WAKE_MS if rung else DOZE_AFTER_MS) if dozing else 200
             batches = await guarded_getmany(self.consumer, "control follower", timeout_ms=poll_ms)
             got = sum(len(r) for r in batches.values())
@@ -135,11 +143,16 @@ class ControlFollower:
                     self.applied += 1
 
     async def _doze(self) -> bool:
-        """runtime/doorbell.py, step 3; True when it rang."""
+        """runtime/doorbell.py, step 3, then at least MIN_ROUND_S since the last round began; True
+        when it rang."""
         assert self.consumer is not None and self.bell is not None
         tps = self.consumer.assignment()
         self.consumer.pause(*tps)
         try:
-            return await self.bell.wait(DOZE_MAX_S)
+            rang = await self.bell.wait(DOZE_MAX_S)
+            if rang:
+                await asyncio.sleep(max(0.0, self._round_at + MIN_ROUND_S - time.monotonic()))
+            return rang
         finally:
+            self._round_at = time.monotonic()
             self.consumer.resume(*tps)

@@ -4,7 +4,7 @@ peer_bench shows the broker as the largest process of the product topology; this
 requests make that cost, so a change can aim at the right one. Each phase runs one kind of
 request back to back from one client for a few seconds and divides the broker's CPU by the count:
 
-  empty fetch   a consumer polling an idle 6-partition topic (fetch_max_wait 5 ms)
+  empty fetch   a consumer polling an idle 6-partition topic, at fetch_max_wait 0, 1, 5, 20, 100 ms
   produce 1     send_and_wait of one 1 KB record, acks=all
   produce 2     one forward record and one evidence record sent together (two topics, one request)
   fetch 1       a consumer reading what a producer writes one record at a time
@@ -54,6 +54,31 @@ async def measure(pid: int, seconds: float, step) -> tuple[int, float]:
     return n, round(1000 * (ticks(pid) - c0) / hz / max(n, 1), 3)
 
 
+async def empty_fetches(bs: str, pid: int, wait_ms: int, seconds: float) -> dict[str, float]:
+    """A consumer polling an idle 6-partition topic; fetch requests counted as the client sends them."""
+    cons = AIOKafkaConsumer("bc.idle", bootstrap_servers=bs, fetch_max_wait_ms=wait_ms, group_id=f"bc-idle-{wait_ms}",
+                            enable_auto_commit=False)
+    await cons.start()
+    try:
+        await cons.getmany(timeout_ms=2000)
+        sent = [0]
+        orig = cons._client.send
+
+        async def counting(node_id, request, **kw):
+            if type(request).__name__.startswith("FetchRequest"):
+                sent[0] += 1
+            return await orig(node_id, request, **kw)
+
+        cons._client.send = counting
+        hz = os.sysconf("SC_CLK_TCK")
+        t0, c0 = time.monotonic(), ticks(pid)
+        while time.monotonic() - t0 < seconds:
+            await cons.getmany(timeout_ms=100)
+        return {"count": sent[0], "broker_ms": round(1000 * (ticks(pid) - c0) / hz / max(sent[0], 1), 3)}
+    finally:
+        await cons.stop()
+
+
 async def run(seconds: float) -> dict[str, dict[str, float]]:
     with tempfile.TemporaryDirectory(prefix="bc", dir="/tmp") as d:
         async with EmbeddedBroker(Path(d)) as broker:
@@ -64,26 +89,9 @@ async def run(seconds: float) -> dict[str, dict[str, float]]:
             prod = AIOKafkaProducer(bootstrap_servers=bs, acks="all", linger_ms=0)
             await prod.start()
             try:
-                # empty fetch: count fetch requests through the fetcher's own counter of requests sent
-                cons = AIOKafkaConsumer("bc.idle", bootstrap_servers=bs, fetch_max_wait_ms=5,
-                                        group_id="bc-idle", enable_auto_commit=False)
-                await cons.start()
-                await cons.getmany(timeout_ms=2000)
-                sent = [0]
-                orig = cons._client.send
-
-                async def counting(node_id, request, **kw):
-                    if type(request).__name__.startswith("FetchRequest"):
-                        sent[0] += 1
-                    return await orig(node_id, request, **kw)
-
-                cons._client.send = counting
-                t0, c0 = time.monotonic(), ticks(pid)
-                while time.monotonic() - t0 < seconds:
-                    await cons.getmany(timeout_ms=100)
-                hz = os.sysconf("SC_CLK_TCK")
-                out["empty fetch"] = {"count": sent[0], "broker_ms": round(1000 * (ticks(pid) - c0) / hz / sent[0], 3)}
-                await cons.stop()
+                # empty fetches at several waits: the broker's cost grows with the wait (it polls)
+                for wait in (0, 1, 5, 20, 100):
+                    out[f"empty fetch, {wait} ms wait"] = await empty_fetches(bs, pid, wait, seconds)
 
                 async def produce1() -> int:
                     await prod.send_and_wait("bc.a", VALUE, partition=0)

@@ -113,6 +113,12 @@ async def test_records_after_an_unrung_doze_keep_the_bell_awake(bell_dir, monkey
         b.stop()
 
 
+def _metric(name: str, **labels: str) -> float:
+    from prometheus_client import REGISTRY
+
+    return REGISTRY.get_sample_value(name, labels) or 0.0
+
+
 def _dozing(worker) -> bool:
     c = worker.consumer
     return bool(c.assignment()) and c.paused() == c.assignment()
@@ -132,6 +138,7 @@ async def _belled(broker, prefix, tmp_path, bell_dir, doze_max_ms: int):
 async def test_a_dozing_worker_wakes_when_the_client_rings(broker, prefix, tmp_path, bell_dir):
     """doze_max is a minute: an answer within seconds can only come from the ring."""
     s = await _belled(broker, prefix, tmp_path, bell_dir, 60_000)
+    rung_before = _metric("llmpipe_doorbell_dozes_total", stage="answer", ended="rung")
     async with stage_worker(s, Topology(s), "answer", broker.bootstrap) as w, \
             Client(broker.bootstrap, topic_prefix=prefix, doorbell_dir=bell_dir) as client:
         for i in range(3):
@@ -141,12 +148,14 @@ async def test_a_dozing_worker_wakes_when_the_client_rings(broker, prefix, tmp_p
             assert resp.status == "ok" and resp.text == f"WAKE {i}"
             assert time.monotonic() - t0 < 20, "woken by the ring, not by doze_max"
         assert w.bell is not None and w.bell.rings >= 3
+    assert _metric("llmpipe_doorbell_dozes_total", stage="answer", ended="rung") >= rung_before + 3
 
 
 @pytest.mark.integration
 @pytest.mark.asyncio(loop_scope="session")
 async def test_a_producer_that_does_not_ring_is_still_read_after_doze_max(broker, prefix, tmp_path, bell_dir):
     s = await _belled(broker, prefix, tmp_path, bell_dir, 500)
+    unrung_before = _metric("llmpipe_doorbell_unrung_total", stage="answer")
     async with stage_worker(s, Topology(s), "answer", broker.bootstrap) as w, \
             Client(broker.bootstrap, topic_prefix=prefix) as client:  # this client never rings
         await wait_until(lambda: _dozing(w), 60, "the worker to doze")
@@ -170,6 +179,8 @@ async def test_a_producer_that_does_not_ring_is_still_read_after_doze_max(broker
             assert again.text == "AGAIN"
         # step 5: those records came unrung, twice, so the worker polls instead of dozing
         assert w.bell is not None and w.bell.unrung >= 2 and not w.bell.may_doze
+        assert _metric("llmpipe_doorbell_unrung_total", stage="answer") >= unrung_before + 2
+        assert _metric("llmpipe_doorbell_dozes_total", stage="answer", ended="timeout") >= 1
         for _ in range(20):
             assert not _dozing(w)
             await asyncio.sleep(0.05)

@@ -25,6 +25,8 @@ class _Families:
     queue_wait: Histogram
     commits: Counter
     lag: Gauge
+    dozes: Counter
+    unrung: Counter
 
 
 def _families(registry: CollectorRegistry) -> _Families:
@@ -44,6 +46,10 @@ def _families(registry: CollectorRegistry) -> _Families:
         queue_wait=Histogram("llmpipe_queue_seconds", "record timestamp to processing start", s, buckets=_LATENCY_BUCKETS, registry=registry),
         commits=Counter("llmpipe_offset_commits", "offset commits", s, registry=registry),
         lag=Gauge("llmpipe_consumer_lag", "highwater minus position (approximate on the embedded broker)", s + ("partition",), registry=registry),
+        dozes=Counter("llmpipe_doorbell_dozes", "doorbell dozes of the consumer, by how they ended (rung, timeout)",
+                      s + ("ended",), registry=registry),
+        unrung=Counter("llmpipe_doorbell_unrung", "fetches whose records came without a ring: a producer outside "
+                       "the doorbell (runtime/doorbell.py, step 5)", s, registry=registry),
     )
 
 
@@ -69,6 +75,7 @@ class StageMetrics:
         self.queue_wait = fam.queue_wait.labels(stage)
         self.retries = fam.retries.labels(stage)
         self.commits = fam.commits.labels(stage)
+        self.unrung = fam.unrung.labels(stage)
         self._peak = 0
 
     def processed(self, outcome: str, n: int = 1) -> None:
@@ -85,6 +92,9 @@ class StageMetrics:
         if n > self._peak:
             self._peak = n
             self.queue_depth_peak.set(n)
+
+    def dozed(self, rang: bool) -> None:
+        self.f.dozes.labels(self.stage, "rung" if rang else "timeout").inc()
 
     def lag(self, partition: int, value: int) -> None:
         self.f.lag.labels(self.stage, str(partition)).set(value)

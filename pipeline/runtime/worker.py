@@ -245,7 +245,10 @@ class StageWorker:
             got = sum(len(r) for r in batches.values())
             pacer.saw(got)
             if self.bell is not None:
+                unrung = self.bell.unrung
                 self.bell.fetched(got)
+                if self.bell.unrung > unrung:
+                    self.metrics.unrung.inc()
             if got:
                 self._last_record = time.monotonic()
             elif dozing:
@@ -276,7 +279,9 @@ class StageWorker:
         if tps:
             self.consumer.pause(*tps)
         try:
-            return await self.bell.wait(c.doze_max_ms / 1000)
+            rang = await self.bell.wait(c.doze_max_ms / 1000)
+            self.metrics.dozed(rang)
+            return rang
         finally:
             back = (tps & self.consumer.assignment()) - self._restoring
             if back and not self.queue.paused:

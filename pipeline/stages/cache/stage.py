@@ -38,7 +38,7 @@ class CacheStage(Stage):
         self.topology_names = [s.name for s in ctx.settings.stages] or list(PRODUCT_STAGES)
 
     async def start(self) -> None:
-        embedder = await ready_shared_embedder()
+        embedder = await ready_shared_embedder(self.ctx.settings.resolved_data_dir() / "models")
         spec = index_spec(self.ctx)
         if spec.startswith("edge:"):
             Path(spec[5:]).mkdir(parents=True, exist_ok=True)

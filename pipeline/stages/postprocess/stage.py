@@ -46,7 +46,7 @@ class PostprocessStage(ThreadedStage):
 
     async def start(self) -> None:
         if self.policy.write_back:
-            self.embedder = await ready_shared_embedder()
+            self.embedder = await ready_shared_embedder(self.ctx.settings.resolved_data_dir() / "models")
 
     def decide(self, doc: RequestDoc) -> Outcome:
         """1. the answer's text (a cache hit or the generation); 2. the caller's schema, never repaired;

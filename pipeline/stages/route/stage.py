@@ -82,7 +82,7 @@ class RouteStage(Stage):
         self.router: Router | None = None
 
     async def start(self) -> None:
-        embedder = await ready_shared_embedder()
+        embedder = await ready_shared_embedder(self.ctx.settings.resolved_data_dir() / "models")
         adapters = AdapterRegistry(self.ctx.settings.adapters)
         self.router = await asyncio.to_thread(Router, self.policy, embedder, adapters)
         await self.follow_control(adapters.apply)  # adapters registered or re-stated while running

@@ -211,3 +211,57 @@ async def test_a_control_follower_dozes_and_a_ringing_publish_wakes_it(broker, p
         await reader.stop()
         await reader.stop()  # idempotent
     assert not list(bell_dir.rglob("*.sock")), "stop unlinks the follower's bell"
+
+
+def test_aiokafka_still_has_the_fetch_completion_the_no_wait_protocol_wraps():
+    """runtime/bellpoll.py step 2 wraps this method on the fetcher instance; an aiokafka upgrade
+    that renames it or changes its arguments must fail here, not silently poll."""
+    import inspect
+
+    from aiokafka.consumer.fetcher import Fetcher
+
+    f = Fetcher._proc_fetch_request
+    assert inspect.iscoroutinefunction(f)
+    assert list(inspect.signature(f).parameters) == ["self", "assignment", "node_id", "request"]
+    assert "return needs_wakeup" in inspect.getsource(f), "it returns whether records were added"
+
+
+@pytest.mark.integration
+@pytest.mark.asyncio(loop_scope="session")
+async def test_a_belled_worker_fetches_without_waiting_and_only_when_rung(broker, prefix, tmp_path, bell_dir):
+    """runtime/bellpoll.py: while idle a belled worker sends no fetches at all; each request costs
+    the fetch that brings it and one empty fetch, both with the 1 ms wait."""
+    from pipeline.runtime.bellpoll import NOWAIT_FETCH_MS
+
+    s = await _belled(broker, prefix, tmp_path, bell_dir, 60_000)
+    async with stage_worker(s, Topology(s), "answer", broker.bootstrap) as w, \
+            Client(broker.bootstrap, topic_prefix=prefix, doorbell_dir=bell_dir) as client:
+        await wait_until(lambda: _dozing(w), 60, "the worker to doze")
+        p = w.poller
+        assert p is not None and w.consumer._fetcher._fetch_max_wait_ms == NOWAIT_FETCH_MS
+        idle = p.completions
+        await asyncio.sleep(1.5)
+        assert p.completions == idle and _dozing(w), "idle: no fetch at all"
+        before, n = p.completions, 10
+        for i in range(n):
+            assert (await client.request(client.build(f"q {i}"), 30)).text == f"Q {i}"
+        await wait_until(lambda: _dozing(w), 30, "the worker to doze again")
+        spent = p.completions - before
+        assert n <= spent <= 3 * n, f"{spent} fetches for {n} requests"
+        assert p.empty >= n - 1, "each request's fetches end with one empty fetch that pauses"
+
+
+@pytest.mark.integration
+@pytest.mark.asyncio(loop_scope="session")
+async def test_without_a_bell_the_worker_polls_with_the_configured_wait(broker, prefix, tmp_path):
+    s = settings_for(tmp_path, prefix, broker.bootstrap, [{"name": "answer", "class": "tests.stages:Answer"}])
+    s = s.model_copy(update={"consumer": s.consumer.model_copy(update={"fetch_max_wait_ms": 7,
+                                                                       "idle_fetch_max_wait_ms": 7})})
+    await create_topics(s)
+    async with stage_worker(s, Topology(s), "answer", broker.bootstrap) as w, \
+            Client(broker.bootstrap, topic_prefix=prefix) as client:
+        assert w.bell is None
+        assert (await client.request(client.build("plain"), 30)).text == "PLAIN"
+        await asyncio.sleep(0.3)
+        assert w.consumer._fetcher._fetch_max_wait_ms == 7 and not w.consumer.paused()
+        assert w.poller is not None and w.poller.empty == 0, "no bell: an empty fetch pauses nothing"

@@ -46,15 +46,10 @@ class ConsumerSettings(BaseModel):
     # after an idle spell waits up to idle_fetch_max_wait_ms. Equal to fetch_max_wait_ms: off.
     idle_fetch_max_wait_ms: int = Field(50, ge=1)
     idle_after_ms: int = Field(1000, ge=0)
-    # With a `doorbell_dir` (runtime/doorbell.py), a consumer that found nothing for doze_after_ms
-    # stops fetching until a producer rings it, or doze_max_ms passed; the FetchPacer is then off.
+    # With a `doorbell_dir` (runtime/doorbell.py) a consumer fetches without waiting, and one that
+    # found nothing waits for a producer to ring it, at most doze_max_ms (runtime/bellpoll.py).
     doorbell: bool = Field(True, description="use the doorbell when the process has a doorbell_dir")
-    doze_after_ms: int = Field(10, ge=1)
     doze_max_ms: int = Field(200, ge=1)
-    # after a ring, how long the first fetch may take before the consumer dozes again: a fetch
-    # slower than doze_after_ms (a busy host) would otherwise be paused away, and the record it
-    # was woken for would wait doze_max_ms
-    doze_wake_ms: int = Field(100, ge=1)
 
 
 class KafkaSecurity(BaseModel):

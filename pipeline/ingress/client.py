@@ -23,10 +23,10 @@ from pipeline.config.settings import KafkaSecurity, kafka_kwargs
 from pipeline.contracts import ReplyTo, RequestDoc, Response
 from pipeline.contracts.base import now_ms
 from pipeline.contracts.request import ChatBody, ChatMessage
+from pipeline.runtime.bellpoll import BellPoller
 from pipeline.runtime.codec import decode, encode, request_headers
 from pipeline.runtime.doorbell import Bell, producer_class
 from pipeline.runtime.errors import DecodeError
-from pipeline.runtime.polling import FetchPacer, guarded_getmany
 from pipeline.runtime.topics import TopicNames
 
 log = logging.getLogger(__name__)
@@ -36,9 +36,7 @@ class ClientTimeout(TimeoutError):
     pass
 
 
-DOZE_AFTER_MS = 10
-DOZE_MAX_S = 0.2
-DOZE_WAKE_MS = 100  # ConsumerSettings.doze_wake_ms
+DOZE_MAX_MS = 200
 
 
 class Client:
@@ -181,35 +179,14 @@ class Client:
 
     async def _read_replies(self) -> None:
         assert self.consumer is not None
-        # fast while answers are awaited; with a bell it dozes between them instead of polling
-        # slowly, unless answers came unrung (runtime/doorbell.py, step 5)
-        pacer = FetchPacer(self.consumer, 5, 100, 500)
-        rung = False
+        # awake (no bell, or doorbell step 5): fast while answers are awaited, slow when none are
+        poller = BellPoller(self.consumer, self._bell, what="client replies", wait_ms=5, idle_wait_ms=100,
+                            idle_after_ms=500, awake_poll_ms=20, doze_max_ms=DOZE_MAX_MS)
         while not self._closing:
-            dozing = self._bell is not None and self._bell.may_doze
-            pacer.set_idle_wait(5 if dozing else 100)
-            poll_ms = (DOZE_WAKE_MS if rung else DOZE_AFTER_MS) if dozing else 20
-            batches = await guarded_getmany(self.consumer, "client replies", timeout_ms=poll_ms)
-            rung = False
-            got = sum(len(r) for r in batches.values())
-            pacer.saw(got + len(self._pending))
-            if self._bell is not None:
-                self._bell.fetched(got)
+            batches = await poller.poll(busy=len(self._pending))
             for records in batches.values():
                 for rec in records:
                     self._deliver(rec.value)
-            if not got and dozing and not self._closing:
-                rung = await self._doze()
-
-    async def _doze(self) -> bool:
-        """runtime/doorbell.py, step 3: stop fetching until postprocess rings (or DOZE_MAX_S)."""
-        assert self.consumer is not None and self._bell is not None
-        tps = self.consumer.assignment()
-        self.consumer.pause(*tps)
-        try:
-            return await self._bell.wait(DOZE_MAX_S)
-        finally:
-            self.consumer.resume(*tps)
 
     def _deliver(self, value: bytes | None) -> None:
         try:

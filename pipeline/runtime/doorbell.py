@@ -14,10 +14,10 @@ Protocol:
    socket of that topic (listed at most once a second). Rings of one loop turn are coalesced. A
    socket nobody reads any more (its process died) is unlinked; a full socket buffer means that
    bell is already ringing.
-3. A consumer that found nothing for `doze_after_ms` pauses its partitions and waits for its bell,
-   at most `doze_max_ms`, then resumes them and fetches. A ring that came before the pause keeps
-   the bell set, so that doze ends at once: a wake-up is never lost, and a lost datagram (or a
-   producer that does not ring) costs at most `doze_max_ms` of latency.
+3. A consumer whose fetch found nothing pauses its partitions and waits for its bell, at most
+   `doze_max_ms`, then resumes them and fetches (runtime/bellpoll.py: fetches that never wait). A
+   ring that came before the pause keeps the bell set, so that doze ends at once: a wake-up is
+   never lost, and a lost datagram (or a producer that does not ring) costs at most `doze_max_ms`.
 4. Hints are never needed for correctness: records are read from the broker as always.
 5. Records fetched right after a doze that ended unrung, with no ring by the time the fetch
    returned (a ring follows its record within a fetch's round trip), came from a producer outside

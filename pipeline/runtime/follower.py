@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import time
 import uuid
 from collections.abc import Callable
 from pathlib import Path
@@ -25,18 +24,15 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 
 from pipeline.config.settings import KafkaSecurity, kafka_kwargs
 from pipeline.contracts import ControlRecord, Marker
+from pipeline.runtime.bellpoll import BellPoller
 from pipeline.runtime.codec import decode, encode
 from pipeline.runtime.doorbell import Bell, producer_class
 from pipeline.runtime.errors import DecodeError
-from pipeline.runtime.polling import FetchPacer, guarded_getmany
 
 log = logging.getLogger(__name__)
 
-FETCH_WAIT_MS = 5
-DOZE_AFTER_MS = 2 * FETCH_WAIT_MS  # longer than one fetch: a doze never pauses a fetch in flight away
-DOZE_WAKE_MS = 100  # ConsumerSettings.doze_wake_ms
-DOZE_MAX_S = 1.0  # control changes are rare; a producer that does not ring is caught by step 5
-MIN_ROUND_S = 0.2
+DOZE_MAX_MS = 1000  # control changes are rare; a producer that does not ring is caught by doorbell step 5
+MIN_ROUND_S = 0.2  # after a ring: control changes of one round are applied together
 
 
 class ControlFollower:
@@ -54,7 +50,6 @@ class ControlFollower:
         self._waiting: dict[str, asyncio.Event] = {}
         self.applied = 0
         self.unreadable = 0
-        self._round_at = 0.0
 
     async def start(self, timeout_s: float = 60.0) -> "ControlFollower":
         cls, extra = producer_class(self.doorbell_dir)  # catch-up markers ring the other followers too
@@ -64,7 +59,7 @@ class ControlFollower:
         if self.doorbell_dir is not None:
             self.bell = await Bell(self.doorbell_dir, [self.topic]).start()
         self.consumer = AIOKafkaConsumer(bootstrap_servers=self.bootstrap, enable_auto_commit=False,
-                                         fetch_max_wait_ms=FETCH_WAIT_MS if self.bell else 20,
+                                         fetch_max_wait_ms=20,
                                          auto_offset_reset="earliest",
                                          **self.kafka)
         await self.consumer.start()
@@ -110,21 +105,11 @@ class ControlFollower:
 
     async def _follow(self) -> None:
         assert self.consumer is not None
-        fast = FETCH_WAIT_MS if self.bell is not None else 20
-        pacer = FetchPacer(self.consumer, fast, 200, 2000)  # awake: slow polls when idle
-        rung = False
+        # awake (no bell, or doorbell step 5): slow polls when idle
+        poller = BellPoller(self.consumer, self.bell, what="control follower", wait_ms=20, idle_wait_ms=200,
+                            idle_after_ms=2000, awake_poll_ms=200, doze_max_ms=DOZE_MAX_MS, min_round_s=MIN_ROUND_S)
         while True:
-            dozing = self.bell is not None and self.bell.may_doze
-            pacer.set_idle_wait(fast if dozing else 200)
-            poll_ms = (DOZE_WAKE_MS if rung else DOZE_AFTER_MS) if dozing else 200
-            batches = await guarded_getmany(self.consumer, "control follower", timeout_ms=poll_ms)
-            got = sum(len(r) for r in batches.values())
-            pacer.saw(got)
-            if self.bell is not None:
-                self.bell.fetched(got)
-            rung = False
-            if not got and dozing:
-                rung = await self._doze()
+            batches = await poller.poll()
             for records in batches.values():
                 for rec in records:
                     try:
@@ -141,18 +126,3 @@ class ControlFollower:
                         continue
                     await asyncio.to_thread(self.apply, record)
                     self.applied += 1
-
-    async def _doze(self) -> bool:
-        """runtime/doorbell.py, step 3, then at least MIN_ROUND_S since the last round began; True
-        when it rang."""
-        assert self.consumer is not None and self.bell is not None
-        tps = self.consumer.assignment()
-        self.consumer.pause(*tps)
-        try:
-            rang = await self.bell.wait(DOZE_MAX_S)
-            if rang:
-                await asyncio.sleep(max(0.0, self._round_at + MIN_ROUND_S - time.monotonic()))
-            return rang
-        finally:
-            self._round_at = time.monotonic()
-            self.consumer.resume(*tps)

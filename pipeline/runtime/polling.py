@@ -50,12 +50,10 @@ class FetchPacer:
         self._last = time.monotonic()
         self.idle = False
 
-    def set_idle_wait(self, idle_wait_ms: int) -> None:
-        idle_wait_ms = max(self.fast_ms, idle_wait_ms)
-        if idle_wait_ms != self.idle_wait_ms:
-            self.idle_wait_ms = idle_wait_ms
-            if self.idle:
-                self._fetcher._fetch_max_wait_ms = idle_wait_ms
+    def set_waits(self, fast_ms: int, idle_wait_ms: int) -> None:
+        """Change both waits now (runtime/bellpoll.py: 0 ms while a doorbell wakes the consumer)."""
+        self.fast_ms, self.idle_wait_ms = fast_ms, max(fast_ms, idle_wait_ms)
+        self._fetcher._fetch_max_wait_ms = self.idle_wait_ms if self.idle else self.fast_ms
 
     def saw(self, records: int, now: float | None = None) -> None:
         now = time.monotonic() if now is None else now

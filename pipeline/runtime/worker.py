@@ -31,13 +31,13 @@ from aiokafka.errors import CommitFailedError, IllegalStateError, KafkaError
 from aiokafka.structs import OffsetAndMetadata
 
 from pipeline.config.settings import ConsumerSettings, RuntimeSettings, Settings, kafka_kwargs
+from pipeline.runtime.bellpoll import BellPoller
 from pipeline.runtime.doorbell import Bell
 from pipeline.runtime.flow import BoundedQueue
 from pipeline.runtime.handler import Handler, Item
 from pipeline.runtime.metrics import StageMetrics
 from pipeline.runtime.offsets import OffsetTracker
 from pipeline.runtime.outputs import make_producer
-from pipeline.runtime.polling import FetchPacer, guarded_getmany
 
 log = logging.getLogger(__name__)
 
@@ -95,7 +95,7 @@ class StageWorker:
         self.consumer: AIOKafkaConsumer | None = None
         self.producer: AIOKafkaProducer | None = None
         self.bell: Bell | None = None
-        self._last_record = time.monotonic()
+        self.poller: BellPoller | None = None
         self.stopped = asyncio.Event()
 
     # ---- lifecycle -------------------------------------------------------------------------
@@ -219,40 +219,26 @@ class StageWorker:
 
     async def _fetch_loop(self) -> None:
         assert self.consumer is not None
-        guard = self.consumer_settings.poll_guard_s
         c = self.consumer_settings
-        pacer = FetchPacer(self.consumer, c.fetch_max_wait_ms, c.idle_fetch_max_wait_ms, c.idle_after_ms)
-        rung = False
+        poller = self.poller = BellPoller(self.consumer, self.bell, what=f"stage {self.handler.name}", wait_ms=c.fetch_max_wait_ms,
+                            idle_wait_ms=c.idle_fetch_max_wait_ms, idle_after_ms=c.idle_after_ms, awake_poll_ms=100,
+                            doze_max_ms=c.doze_max_ms, guard_s=c.poll_guard_s, held=lambda: self._restoring,
+                            may_resume=lambda: not self.queue.paused, on_doze=self.metrics.dozed)
         while self._fetching:
-            # a dozing consumer polls fast between dozes, so no slow fetch is in flight when it
-            # pauses; awake (no bell, or step 5 of runtime/doorbell.py) it polls slowly when idle
-            dozing = self.bell is not None and self.bell.may_doze
-            pacer.set_idle_wait(c.fetch_max_wait_ms if dozing else c.idle_fetch_max_wait_ms)
-            poll_ms = c.doze_after_ms if dozing else 100
-            if rung:  # the first fetch after resuming may take longer than doze_after (step 3)
-                poll_ms, rung = max(poll_ms, c.doze_wake_ms), False
             if self.queue.paused:
                 if await self.queue.wait_below_low(0.2):
                     self.consumer.resume(*(self.consumer.assignment() - self._restoring))
                     self.queue.set_paused(False)
+                    poller.forget()
                 continue
             room = self.queue.room()
             if room <= 0:
                 await asyncio.sleep(0.005)
                 continue
-            batches = await guarded_getmany(self.consumer, f"stage {self.handler.name}", guard_s=guard,
-                                            max_records=room, timeout_ms=poll_ms)
-            got = sum(len(r) for r in batches.values())
-            pacer.saw(got)
-            if self.bell is not None:
-                unrung = self.bell.unrung
-                self.bell.fetched(got)
-                if self.bell.unrung > unrung:
-                    self.metrics.unrung.inc()
-            if got:
-                self._last_record = time.monotonic()
-            elif dozing:
-                rung = await self._doze()
+            unrung = self.bell.unrung if self.bell is not None else 0
+            batches = await poller.poll(max_records=room)
+            if self.bell is not None and self.bell.unrung > unrung:
+                self.metrics.unrung.inc()
             for tp, records in batches.items():
                 gen = self._generation.get(tp)
                 if gen is None:
@@ -266,26 +252,7 @@ class StageWorker:
             if self.queue.should_pause():
                 self.consumer.pause(*self.consumer.assignment())
                 self.queue.set_paused(True)
-
-    async def _doze(self) -> bool:
-        """Protocol step 3 of runtime/doorbell.py: nothing for doze_after_ms -> pause what is
-        fetchable, wait for the bell (at most doze_max_ms), resume what is still ours. True when
-        it rang."""
-        assert self.consumer is not None and self.bell is not None
-        c = self.consumer_settings
-        if time.monotonic() - self._last_record < c.doze_after_ms / 1000 or self.queue.paused:
-            return False
-        tps = self.consumer.assignment() - self._restoring - self.consumer.paused()
-        if tps:
-            self.consumer.pause(*tps)
-        try:
-            rang = await self.bell.wait(c.doze_max_ms / 1000)
-            self.metrics.dozed(rang)
-            return rang
-        finally:
-            back = (tps & self.consumer.assignment()) - self._restoring
-            if back and not self.queue.paused:
-                self.consumer.resume(*back)
+                poller.forget()
 
     async def _next_batch(self) -> list[Item]:
         first = await self.queue.get()

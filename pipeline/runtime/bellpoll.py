@@ -1,0 +1,136 @@
+"""Polling a consumer that has a doorbell (runtime/doorbell.py) with fetches that do not wait.
+
+With a bell a consumer only needs to know whether records are there now. On the embedded broker a
+fetch that waits 5 ms for records costs ~0.8 ms of broker CPU, one that waits 1 ms ~0.2 ms
+(bench/broker_cost.py), and every idle consumer used to make two of the former between requests.
+Not 0 ms: Tansu answers a 0 ms fetch with no records even when there are some (measured).
+
+Protocol (the no-wait fetch):
+
+1. While the bell may doze, every fetch asks the broker with a `NOWAIT_FETCH_MS` wait.
+2. aiokafka's fetch routine sends the next fetch as soon as one completes, so "nothing there" must
+   stop it inside the completion: `Fetcher._proc_fetch_request` (aiokafka is pinned; it returns
+   whether the response added records) is wrapped on the fetcher instance, and a completion that
+   added nothing pauses the fetchable partitions in that same loop turn. No fetch is in flight
+   while they are paused, so a paused partition never loses a response that was on its way.
+3. `poll()` returns records as they come. After an empty completion it waits for the bell (at most
+   `doze_max_ms`; a ring since the last wait ends it at once), then, unless the owner says no
+   (`may_resume`), resumes the partitions step 2 paused that are still assigned and not held.
+4. The first completion after a doze tells the bell what it found (doorbell step 5). A bell that
+   decided to stay awake, or no bell at all, turns steps 1-3 off: fetches wait `wait_ms`
+   (`idle_wait_ms` after `idle_after_ms` without records, FetchPacer) and `poll()` is a getmany.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import Callable
+
+from aiokafka import AIOKafkaConsumer, TopicPartition
+
+from pipeline.runtime.doorbell import Bell
+from pipeline.runtime.polling import FetchPacer, guarded_getmany
+
+NOWAIT_FETCH_MS = 1
+
+
+class BellPoller:
+    """`await poll(max_records)` in the owner's fetch loop, after the consumer started."""
+
+    def __init__(self, consumer: AIOKafkaConsumer, bell: Bell | None, *, what: str, wait_ms: int,
+                 idle_wait_ms: int, idle_after_ms: int, awake_poll_ms: int, doze_max_ms: int = 200,
+                 guard_s: float = 10.0, held: Callable[[], set[TopicPartition]] = set,
+                 may_resume: Callable[[], bool] = lambda: True, min_round_s: float = 0.0,
+                 on_doze: Callable[[bool], None] | None = None) -> None:
+        self.consumer, self.bell, self.what = consumer, bell, what
+        self.wait_ms, self.idle_wait_ms = wait_ms, idle_wait_ms
+        self.awake_poll_ms, self.doze_max_s, self.guard_s = awake_poll_ms, doze_max_ms / 1000, guard_s
+        self.held, self.may_resume, self.min_round_s, self.on_doze = held, may_resume, min_round_s, on_doze
+        self.pacer = FetchPacer(consumer, wait_ms, idle_wait_ms, idle_after_ms)
+        self.completions = self.empty = 0
+        self._quiet: set[TopicPartition] = set()  # paused by step 2, resumed by step 3
+        self._completed = asyncio.Event()
+        self._after_doze = False
+        self._round_at = 0.0
+        self._nowait = False
+        fetcher = self._fetcher = consumer._fetcher
+        inner = fetcher._proc_fetch_request  # a bound method; step 2 (tests/test_bellpoll.py holds it)
+
+        async def watched(assignment, node_id, request):
+            added = await inner(assignment, node_id, request)
+            self._completion(bool(added))
+            return added
+
+        fetcher._proc_fetch_request = watched
+
+    @property
+    def dozing(self) -> bool:
+        return self.bell is not None and self.bell.may_doze
+
+    def _completion(self, added: bool) -> None:
+        self.completions += 1
+        if self._after_doze and self.bell is not None:
+            self._after_doze = False
+            self.bell.fetched(1 if added else 0)  # step 4
+        if not added and self._nowait:  # step 2
+            self.empty += 1
+            # not a partition with records buffered from an earlier fetch: aiokafka drops those when paused
+            tps = self.consumer.assignment() - self.consumer.paused() - self.held() - self._fetcher._records.keys()
+            if tps:
+                self.consumer.pause(*tps)
+                self._quiet |= tps
+        self._completed.set()
+
+    def _set_mode(self) -> None:
+        nowait = self.dozing
+        if nowait != self._nowait:
+            self._nowait = nowait
+            self.pacer.set_waits(NOWAIT_FETCH_MS, NOWAIT_FETCH_MS) if nowait else self.pacer.set_waits(self.wait_ms, self.idle_wait_ms)
+
+    async def poll(self, max_records: int | None = None, busy: int = 0) -> dict[TopicPartition, list]:
+        """Records fetched so far (may be {}); waits for a fetch, or dozes, when there are none.
+        `busy` > 0 keeps an awake consumer's fetches fast though nothing came (answers awaited)."""
+        self._set_mode()
+        if not self._nowait:
+            self._resume_quiet()
+            batches = await guarded_getmany(self.consumer, self.what, timeout_ms=self.awake_poll_ms,
+                                            guard_s=self.guard_s, max_records=max_records)
+            self.pacer.saw(sum(len(r) for r in batches.values()) + busy)
+            return batches
+        if self._quiet:
+            await self._doze()
+        self._completed.clear()
+        batches = await guarded_getmany(self.consumer, self.what, timeout_ms=0, guard_s=self.guard_s,
+                                        max_records=max_records)
+        if not batches and not self._quiet:
+            # wait for the fetch in flight (bounded: with no assignment there is none)
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(self.awake_poll_ms / 1000):
+                    await self._completed.wait()
+        return batches
+
+    async def _doze(self) -> None:
+        """Step 3."""
+        assert self.bell is not None
+        rang = await self.bell.wait(self.doze_max_s)
+        if self.on_doze is not None:
+            self.on_doze(rang)
+        if rang and self.min_round_s:
+            await asyncio.sleep(max(0.0, self._round_at + self.min_round_s - time.monotonic()))
+        self._round_at = time.monotonic()
+        self._after_doze = True
+        self._resume_quiet()
+
+    def _resume_quiet(self) -> None:
+        if not self._quiet or not self.may_resume():
+            return
+        back = (self._quiet & self.consumer.assignment()) - self.held()
+        self._quiet = set()
+        if back:
+            self.consumer.resume(*back)
+
+    def forget(self) -> None:
+        """The owner paused or resumed every partition itself (backpressure): step 2's pauses are its now."""
+        self._quiet = set()

@@ -265,3 +265,26 @@ async def test_without_a_bell_the_worker_polls_with_the_configured_wait(broker, 
         await asyncio.sleep(0.3)
         assert w.consumer._fetcher._fetch_max_wait_ms == 7 and not w.consumer.paused()
         assert w.poller is not None and w.poller.empty == 0, "no bell: an empty fetch pauses nothing"
+
+
+@pytest.mark.integration
+@pytest.mark.asyncio(loop_scope="session")
+async def test_a_paced_consumer_fetches_once_per_interval_while_idle(broker, prefix, tmp_path):
+    """consumer.fetch_every_ms (the warehouse sink's setting): no bell, one fetch per interval."""
+    from pipeline.runtime.bellpoll import PacedBell
+
+    s = settings_for(tmp_path, prefix, broker.bootstrap, [{"name": "answer", "class": "tests.stages:Answer"}])
+    s = s.model_copy(update={"consumer": s.consumer.model_copy(update={"doorbell": False, "fetch_every_ms": 400})})
+    await create_topics(s)
+    async with stage_worker(s, Topology(s), "answer", broker.bootstrap) as w, \
+            Client(broker.bootstrap, topic_prefix=prefix) as client:
+        assert isinstance(w.bell, PacedBell)
+        assert (await client.request(client.build("paced"), 30)).text == "PACED"
+        await wait_until(lambda: _dozing(w), 30, "the worker to doze")
+        before = w.poller.completions
+        await asyncio.sleep(2.0)
+        spent = w.poller.completions - before
+        assert 2 <= spent <= 7, f"{spent} fetches in 2 s at one per 400 ms"
+        t0 = time.monotonic()
+        assert (await client.request(client.build("later"), 30)).text == "LATER"
+        assert time.monotonic() - t0 < 5

@@ -50,6 +50,9 @@ class ConsumerSettings(BaseModel):
     # found nothing waits for a producer to ring it, at most doze_max_ms (runtime/bellpoll.py).
     doorbell: bool = Field(True, description="use the doorbell when the process has a doorbell_dir")
     doze_max_ms: int = Field(200, ge=1)
+    # Without a doorbell: fetch at most once per this many ms while nothing comes (the warehouse
+    # sink, whose flush interval paces it anyway); None: poll with the fetch waits above.
+    fetch_every_ms: int | None = Field(None, ge=1)
 
 
 class KafkaSecurity(BaseModel):
@@ -127,9 +130,8 @@ class RuntimeSettings(BaseModel):
 
 class SinkSettings(BaseModel):
     batch_size: int = 5000
-    flush_interval_ms: int = 500
-    # the sink writes every flush_interval anyway: polling it faster only costs broker CPU
-    fetch_max_wait_ms: int = Field(50, ge=1)
+    # also how often an idle sink fetches (consumer.fetch_every_ms): it writes no faster anyway
+    flush_interval_ms: int = Field(500, ge=1)
 
 
 class EngineSettings(BaseModel):

@@ -36,10 +36,38 @@ from pipeline.runtime.polling import FetchPacer, guarded_getmany
 NOWAIT_FETCH_MS = 1
 
 
+class PacedBell:
+    """A bell that never rings, for a consumer without producers to wake it that is paced by its
+    own flushes (the warehouse sink): an idle one fetches once per doze instead of polling. The
+    owner's `wake()` (new partitions) ends a doze at once."""
+
+    rings = unrung = 0
+    may_doze = True
+
+    def __init__(self) -> None:
+        self._woken = asyncio.Event()
+
+    def wake(self) -> None:
+        self._woken.set()
+
+    async def wait(self, timeout_s: float) -> bool:
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(timeout_s):
+                await self._woken.wait()
+        self._woken.clear()
+        return False
+
+    def fetched(self, records: int) -> None:
+        pass
+
+    def stop(self) -> None:
+        pass
+
+
 class BellPoller:
     """`await poll(max_records)` in the owner's fetch loop, after the consumer started."""
 
-    def __init__(self, consumer: AIOKafkaConsumer, bell: Bell | None, *, what: str, wait_ms: int,
+    def __init__(self, consumer: AIOKafkaConsumer, bell: Bell | PacedBell | None, *, what: str, wait_ms: int,
                  idle_wait_ms: int, idle_after_ms: int, awake_poll_ms: int, doze_max_ms: int = 200,
                  guard_s: float = 10.0, held: Callable[[], set[TopicPartition]] = set,
                  may_resume: Callable[[], bool] = lambda: True, min_round_s: float = 0.0,

@@ -40,10 +40,8 @@ def sink_worker(settings: Settings, bootstrap: str, warehouse: Warehouse) -> Sta
     sink = WarehouseSink(warehouse, names, settings.sink, worker_id)
     # the sink's batches are large: its queue must hold at least one
     runtime = settings.runtime.model_copy(update={"queue_bound": max(settings.runtime.queue_bound, 2 * sink.max_batch)})
-    wait = max(settings.consumer.fetch_max_wait_ms, settings.sink.fetch_max_wait_ms)
     # no doorbell: every stage rings the evidence topic, and the sink is paced by its flushes anyway
-    consumer = settings.consumer.model_copy(update={"fetch_max_wait_ms": wait, "doorbell": False,
-                                                    "idle_fetch_max_wait_ms": max(wait, settings.consumer.idle_fetch_max_wait_ms)})
+    consumer = settings.consumer.model_copy(update={"doorbell": False, "fetch_every_ms": settings.sink.flush_interval_ms})
     return StageWorker(sink, settings, bootstrap=bootstrap, topics=sink.topics, group_id=group_id(settings, SINK_STAGE),
                        runtime=runtime, consumer=consumer, worker_id=worker_id)
 

@@ -31,7 +31,7 @@ from aiokafka.errors import CommitFailedError, IllegalStateError, KafkaError
 from aiokafka.structs import OffsetAndMetadata
 
 from pipeline.config.settings import ConsumerSettings, RuntimeSettings, Settings, kafka_kwargs
-from pipeline.runtime.bellpoll import BellPoller
+from pipeline.runtime.bellpoll import BellPoller, PacedBell
 from pipeline.runtime.doorbell import Bell
 from pipeline.runtime.flow import BoundedQueue
 from pipeline.runtime.handler import Handler, Item
@@ -94,7 +94,7 @@ class StageWorker:
         self._processors: list[asyncio.Task] = []
         self.consumer: AIOKafkaConsumer | None = None
         self.producer: AIOKafkaProducer | None = None
-        self.bell: Bell | None = None
+        self.bell: Bell | PacedBell | None = None
         self.poller: BellPoller | None = None
         self.stopped = asyncio.Event()
 
@@ -126,6 +126,8 @@ class StageWorker:
         self.consumer.subscribe(self.topics, listener=_Rebalance(self))
         if self.settings.doorbell_dir and c.doorbell:
             self.bell = await Bell(self.settings.doorbell_dir, self.topics).start()
+        elif c.fetch_every_ms:
+            self.bell = PacedBell()
         await self.consumer.start()
         concurrency = max(1, self.handler.concurrency)
         self._processors = [asyncio.create_task(self._process_loop(), name=f"{self.handler.name}-proc{i}") for i in range(concurrency)]
@@ -222,7 +224,7 @@ class StageWorker:
         c = self.consumer_settings
         poller = self.poller = BellPoller(self.consumer, self.bell, what=f"stage {self.handler.name}", wait_ms=c.fetch_max_wait_ms,
                             idle_wait_ms=c.idle_fetch_max_wait_ms, idle_after_ms=c.idle_after_ms, awake_poll_ms=100,
-                            doze_max_ms=c.doze_max_ms, guard_s=c.poll_guard_s, held=lambda: self._restoring,
+                            doze_max_ms=c.fetch_every_ms if isinstance(self.bell, PacedBell) else c.doze_max_ms, guard_s=c.poll_guard_s, held=lambda: self._restoring,
                             may_resume=lambda: not self.queue.paused, on_doze=self.metrics.dozed)
         while self._fetching:
             if self.queue.paused:

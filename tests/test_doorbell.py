@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import socket
 import tempfile
 import time
@@ -288,3 +289,71 @@ async def test_a_paced_consumer_fetches_once_per_interval_while_idle(broker, pre
         t0 = time.monotonic()
         assert (await client.request(client.build("later"), 30)).text == "LATER"
         assert time.monotonic() - t0 < 5
+
+
+async def _long_partition(broker, prefix, tmp_path, batches: int) -> tuple[str, AIOKafkaProducer]:
+    """A partition of `batches` one-record batches: Tansu lists every batch on each fetch."""
+    s = settings_for(tmp_path, prefix, broker.bootstrap, [{"name": "answer", "class": "tests.stages:Answer"}])
+    await create_topics(s)
+    topic = TopicNames(prefix).requests
+    producer = AIOKafkaProducer(bootstrap_servers=broker.bootstrap, linger_ms=0)
+    await producer.start()
+    for i in range(batches):
+        await producer.send_and_wait(topic, str(i).encode(), partition=0)
+    return topic, producer
+
+
+@pytest.mark.integration
+@pytest.mark.asyncio(loop_scope="session")
+async def test_a_no_wait_consumer_behind_its_high_watermark_chases_instead_of_dozing(broker, prefix, tmp_path,
+                                                                                     bell_dir, caplog):
+    """runtime/bellpoll.py step 2a: on a long partition a 1 ms fetch comes back empty though
+    records are there (the 80 req/s stall); the consumer must read them all without a ring, and a
+    completion hook that fails must not end aiokafka's fetch routine."""
+    from aiokafka import AIOKafkaConsumer, TopicPartition
+
+    from pipeline.runtime.bellpoll import NOWAIT_FETCH_MS, BellPoller
+
+    n = 3000
+    topic, producer = await _long_partition(broker, prefix, tmp_path, n)
+    consumer = AIOKafkaConsumer(bootstrap_servers=broker.bootstrap, enable_auto_commit=False)
+    bell = await Bell(bell_dir, [topic]).start()
+    await consumer.start()
+    try:
+        tp = TopicPartition(topic, 0)
+        consumer.assign([tp])
+        consumer.seek(tp, 0)
+        fail = {"left": 1}
+
+        def held() -> set:
+            if fail["left"]:
+                fail["left"] -= 1
+                raise RuntimeError("hook failure, once")
+            return set()
+
+        poller = BellPoller(consumer, bell, what="long", wait_ms=5, idle_wait_ms=50, idle_after_ms=1000,
+                            awake_poll_ms=100, doze_max_ms=60_000, held=held)
+        got: list[int] = []
+        deadline = time.monotonic() + 60
+        while len(got) < n and time.monotonic() < deadline:
+            for records in (await poller.poll()).values():
+                got += [int(r.value) for r in records]
+        assert got == list(range(n)), f"read {len(got)} of {n} with no ring (doze_max 60 s)"
+        assert poller.chased > 0, "a 1 ms fetch on this partition came back empty while behind (the premise)"
+        assert "fetch completion hook failed" in caplog.text
+        await producer.send_and_wait(topic, str(n).encode(), partition=0)
+        ringer = Ringer(bell_dir)
+        ringer.ring_soon(topic)  # as a belled producer does after its ack
+        with contextlib.suppress(TimeoutError):  # then it dozes (doze_max 60 s)
+            async with asyncio.timeout(3):
+                while True:
+                    for records in (await poller.poll()).values():
+                        got += [int(r.value) for r in records]
+        assert got[-1] == n
+        assert consumer.paused() == {tp} and consumer._fetcher._fetch_max_wait_ms == NOWAIT_FETCH_MS, \
+            "caught up: paused, and the wait back to the no-wait fetch"
+        ringer.close()
+    finally:
+        await consumer.stop()
+        await producer.stop()
+        bell.stop()

@@ -5,14 +5,27 @@ fetch that waits 5 ms for records costs ~0.8 ms of broker CPU, one that waits 1 
 (bench/broker_cost.py), and every idle consumer used to make two of the former between requests.
 Not 0 ms: Tansu answers a 0 ms fetch with no records even when there are some (measured).
 
+An empty answer does not mean "nothing there": Tansu (0.6, memory storage) lists every batch of a
+partition on each fetch, and a fetch whose wait runs out first comes back with fewer records than
+there are, or none. On a long partition (a front door's reply partition, the evidence topic)
+every 1 ms fetch came back empty, and consumers that paused on that stalled for good at 80 req/s
+(measured with the high watermark of each answer: position 1104, high watermark 1630, empty; a
+fresh consumer got 1 record with a 1 ms wait, 365 with 5 ms, all 526 with 100 ms).
+
 Protocol (the no-wait fetch):
 
 1. While the bell may doze, every fetch asks the broker with a `NOWAIT_FETCH_MS` wait.
 2. aiokafka's fetch routine sends the next fetch as soon as one completes, so "nothing there" must
    stop it inside the completion: `Fetcher._proc_fetch_request` (aiokafka is pinned; it returns
    whether the response added records) is wrapped on the fetcher instance, and a completion that
-   added nothing pauses the fetchable partitions in that same loop turn. No fetch is in flight
-   while they are paused, so a paused partition never loses a response that was on its way.
+   added nothing pauses, in that same loop turn, the fetchable partitions it shows caught up
+   (position at the high watermark the answer carried). No fetch is in flight while they are
+   paused, so a paused partition never loses a response that was on its way.
+2a. A partition behind its high watermark is never paused by an empty answer: its records are
+   there and the fetch was cut short. Each such answer doubles the next fetch's wait, up to
+   `CHASE_MAX_WAIT_MS`; an answer with records keeps the wait (a reset would cut the next read
+   short again), and the wait drops back to `NOWAIT_FETCH_MS` once nothing is behind. The
+   consumer does not doze while it chases.
 3. `poll()` returns records as they come. After an empty completion it waits for the bell (at most
    `doze_max_ms`; a ring since the last wait ends it at once), then, unless the owner says no
    (`may_resume`), resumes the partitions step 2 paused that are still assigned and not held.
@@ -25,6 +38,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import time
 from collections.abc import Callable
 
@@ -33,7 +47,10 @@ from aiokafka import AIOKafkaConsumer, TopicPartition
 from pipeline.runtime.doorbell import Bell
 from pipeline.runtime.polling import FetchPacer, guarded_getmany
 
+log = logging.getLogger(__name__)
+
 NOWAIT_FETCH_MS = 1
+CHASE_MAX_WAIT_MS = 128  # 100 ms read a 1,630-batch partition in full (step 2a)
 
 
 class PacedBell:
@@ -77,7 +94,8 @@ class BellPoller:
         self.awake_poll_ms, self.doze_max_s, self.guard_s = awake_poll_ms, doze_max_ms / 1000, guard_s
         self.held, self.may_resume, self.min_round_s, self.on_doze = held, may_resume, min_round_s, on_doze
         self.pacer = FetchPacer(consumer, wait_ms, idle_wait_ms, idle_after_ms)
-        self.completions = self.empty = 0
+        self.completions = self.empty = self.chased = 0
+        self._chase_ms = 0  # step 2a: 0 while no partition is behind
         self._quiet: set[TopicPartition] = set()  # paused by step 2, resumed by step 3
         self._completed = asyncio.Event()
         self._after_doze = False
@@ -88,7 +106,13 @@ class BellPoller:
 
         async def watched(assignment, node_id, request):
             added = await inner(assignment, node_id, request)
-            self._completion(bool(added))
+            try:
+                self._completion(bool(added), assignment)
+            except Exception:  # raised into aiokafka it would end the fetch routine: no fetch, ever
+                log.exception("%s: fetch completion hook failed; partitions resumed", what)
+                self._quiet.clear()
+                self.consumer.resume(*self.consumer.assignment())
+                self._completed.set()
             return added
 
         fetcher._proc_fetch_request = watched
@@ -97,24 +121,40 @@ class BellPoller:
     def dozing(self) -> bool:
         return self.bell is not None and self.bell.may_doze
 
-    def _completion(self, added: bool) -> None:
+    def _completion(self, added: bool, assignment=None) -> None:
         self.completions += 1
         if self._after_doze and self.bell is not None:
             self._after_doze = False
             self.bell.fetched(1 if added else 0)  # step 4
-        if not added and self._nowait:  # step 2
-            self.empty += 1
-            # not a partition with records buffered from an earlier fetch: aiokafka drops those when paused
-            tps = self.consumer.assignment() - self.consumer.paused() - self.held() - self._fetcher._records.keys()
-            if tps:
-                self.consumer.pause(*tps)
-                self._quiet |= tps
+        if self._nowait and assignment is not None and assignment.active:  # an old assignment's answer says nothing
+            tps = self.consumer.assignment() - self.consumer.paused() - self.held()
+            behind = {tp for tp in tps if tp in assignment.tps and _behind(assignment.state_value(tp))}
+            if not added:  # step 2
+                self.empty += 1
+                # not a partition with records buffered from an earlier fetch: aiokafka drops those when paused
+                quiet = tps - behind - self._fetcher._records.keys()
+                if quiet:
+                    self.consumer.pause(*quiet)
+                    self._quiet |= quiet
+            self._chase(bool(behind), grow=not added)
         self._completed.set()
+
+    def _chase(self, behind: bool, grow: bool) -> None:
+        """Step 2a: while a partition is behind its high watermark, each empty answer doubles the
+        next fetch's wait and an answer with records keeps it; caught up, it drops back."""
+        chase_ms = 0
+        if behind:
+            chase_ms = min(CHASE_MAX_WAIT_MS, max(2 * NOWAIT_FETCH_MS, 2 * self._chase_ms)) if grow else self._chase_ms
+        if chase_ms != self._chase_ms:
+            self._chase_ms = chase_ms
+            wait = chase_ms or NOWAIT_FETCH_MS
+            self.pacer.set_waits(wait, wait)
+        self.chased += behind and grow
 
     def _set_mode(self) -> None:
         nowait = self.dozing
         if nowait != self._nowait:
-            self._nowait = nowait
+            self._nowait, self._chase_ms = nowait, 0
             self.pacer.set_waits(NOWAIT_FETCH_MS, NOWAIT_FETCH_MS) if nowait else self.pacer.set_waits(self.wait_ms, self.idle_wait_ms)
 
     async def poll(self, max_records: int | None = None, busy: int = 0) -> dict[TopicPartition, list]:
@@ -127,12 +167,12 @@ class BellPoller:
                                             guard_s=self.guard_s, max_records=max_records)
             self.pacer.saw(sum(len(r) for r in batches.values()) + busy)
             return batches
-        if self._quiet:
+        if self._quiet and not self._chase_ms:
             await self._doze()
         self._completed.clear()
         batches = await guarded_getmany(self.consumer, self.what, timeout_ms=0, guard_s=self.guard_s,
                                         max_records=max_records)
-        if not batches and not self._quiet:
+        if not batches and (self._chase_ms or not self._quiet):
             # wait for the fetch in flight (bounded: with no assignment there is none)
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(self.awake_poll_ms / 1000):
@@ -162,3 +202,8 @@ class BellPoller:
     def forget(self) -> None:
         """The owner paused or resumed every partition itself (backpressure): step 2's pauses are its now."""
         self._quiet = set()
+
+
+def _behind(state) -> bool:
+    """Step 2a, from aiokafka's partition state: records past the position, or not known yet."""
+    return not state.has_valid_position or state.highwater is None or state.highwater > state.position

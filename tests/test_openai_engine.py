@@ -51,3 +51,44 @@ def test_openai_engine_counts_the_servers_usage_when_it_sends_no_token_ids(usage
     assert g.text == "Nine to six" and g.finish_reason == "stop"
     assert (g.tokens_in, g.tokens_out) == expect
     assert b'"include_usage":true' in seen[0].content  # the engine asks for the usage chunk
+
+
+def test_openai_engine_keeps_its_connection_to_the_server_between_requests():
+    """Leaving the SSE body unread after [DONE] makes httpx close the connection, so every request
+    paid a new TCP connect (generate's profile, issue 18); the engine reads the stream to its end."""
+    import asyncio
+
+    from pipeline.engines.chat_engine import Sampling
+    from pipeline.engines.openai_engine import OpenAIEngine
+
+    body = _sse([{"choices": [{"index": 0, "delta": {"content": "ok"}, "finish_reason": "stop"}]}])
+    chunked = hex(len(body))[2:].encode() + b"\r\n" + body + b"\r\n0\r\n\r\n"
+    accepted = []
+
+    async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        accepted.append(writer)
+        try:
+            while True:
+                head = await reader.readuntil(b"\r\n\r\n")
+                length = int(next(line.split(b":")[1] for line in head.lower().split(b"\r\n")
+                                  if line.startswith(b"content-length")))
+                await reader.readexactly(length)
+                writer.write(b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\n"
+                             b"transfer-encoding: chunked\r\nconnection: keep-alive\r\n\r\n" + chunked)
+                await writer.drain()
+        except (asyncio.IncompleteReadError, ConnectionError):
+            writer.close()
+
+    async def run() -> list[str]:
+        server = await asyncio.start_server(serve, "127.0.0.1", 0)
+        port = server.sockets[0].getsockname()[1]
+        engine = await OpenAIEngine(f"http://127.0.0.1:{port}/v1", "m").start()
+        try:
+            return [(await engine.generate([{"role": "user", "content": "hi"}], Sampling(max_tokens=4))).text
+                    for _ in range(5)]
+        finally:
+            await engine.stop()
+            server.close()
+
+    assert asyncio.run(run()) == ["ok"] * 5
+    assert len(accepted) == 1, f"{len(accepted)} connections for 5 requests"

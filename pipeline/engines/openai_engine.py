@@ -110,12 +110,14 @@ class OpenAIEngine:
         itl: list[float] = []
         done = False
         async for line in resp.aiter_lines():
-            if not line.startswith("data:"):
+            # read to the end of the body even after [DONE]: httpx closes a connection whose
+            # response was left unread, and the next request would pay a new TCP connect
+            if done or not line.startswith("data:"):
                 continue
             data = line[5:].strip()
             if data == "[DONE]":
                 done = True
-                break
+                continue
             chunk = orjson.loads(data)
             if "error" in chunk:
                 err = chunk["error"]

@@ -82,6 +82,12 @@ class BatchLength(Stage):
         return out
 
 
+
+class PatientBatch(BatchLength):
+    """BatchLength that would wait two seconds for a batch to fill."""
+
+    max_wait_ms = 2000
+
 class Spend(Stage):
     """Answers after policy.sleep_ms, having spent exactly what admit reserved: the budget's worst case."""
 

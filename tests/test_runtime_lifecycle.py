@@ -76,6 +76,20 @@ async def test_micro_batching_fills_batches_up_to_the_declared_size(broker, pref
     assert all(1 <= n <= 16 for n in sizes)
 
 
+async def test_an_idle_worker_does_not_wait_for_a_batch_to_fill(broker, prefix, tmp_path):
+    """runtime/worker.py `_next_batch`: max_wait_ms is waited only while another batch is in
+    process; a lone record on an idle worker rides alone at once (PatientBatch would wait 2 s)."""
+    s = settings_for(tmp_path, prefix, broker.bootstrap, [{"name": "batch", "class": "tests.stages:PatientBatch"}])
+    await create_topics(s)
+    async with stage_worker(s, Topology(s), "batch", broker.bootstrap), \
+            Client(broker.bootstrap, topic_prefix=prefix) as client:
+        first = asyncio.ensure_future(client.request(client.build("one"), 30))
+        await asyncio.sleep(0.3)
+        second = await client.request(client.build("two"), 30)
+        assert (await first).text == "1" and second.text == "1", "each rode alone, without waiting for the other"
+        assert second.timings["batch"].queue_ms < 1000
+
+
 async def test_idle_stage_workers_poll_slower_and_speed_up_for_the_next_record(broker, prefix, tmp_path):
     s = settings_for(tmp_path, prefix, broker.bootstrap, [{"name": "batch", "class": "tests.stages:BatchLength"}],
                      consumer={"fetch_max_wait_ms": 5, "idle_fetch_max_wait_ms": 60, "idle_after_ms": 300})

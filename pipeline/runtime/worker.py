@@ -261,7 +261,11 @@ class StageWorker:
         items = [first]
         max_batch = self.handler.max_batch
         if max_batch > 1:
-            deadline = time.monotonic() + self.handler.max_wait_ms / 1000
+            # what is queued joins at once; waiting `max_wait_ms` for more pays only while another
+            # batch is being processed (under load). An idle worker goes at once: a fixed wait per
+            # hop was most of a lone request's queue time (generate 5 ms of ~10, issue 18)
+            wait_ms = self.handler.max_wait_ms if self._in_flight > 0 else 0
+            deadline = time.monotonic() + wait_ms / 1000
             while len(items) < max_batch:
                 try:
                     items.append(self.queue.get_nowait())

@@ -357,3 +357,24 @@ async def test_a_no_wait_consumer_behind_its_high_watermark_chases_instead_of_do
         await consumer.stop()
         await producer.stop()
         bell.stop()
+
+
+@pytest.mark.integration
+@pytest.mark.asyncio(loop_scope="session")
+async def test_a_cli_control_change_rings_the_stacks_followers(broker, prefix, tmp_path, bell_dir):
+    """`llmpipe actor rollback`, `admin ...`: a control publish from the CLI rings, so followers
+    apply it at once instead of at their next doze timeout (a rollback raced the next requests)."""
+    from pipeline.cli.common import _publish_control
+    from pipeline.contracts.actor import ActorRejected
+
+    s = settings_for(tmp_path, prefix, broker.bootstrap, [{"name": "answer", "class": "tests.stages:Answer"}],
+                     doorbell_dir=bell_dir)
+    await create_topics(s)
+    bell = await Bell(bell_dir, [TopicNames(prefix)("control")]).start()
+    try:
+        assert not await bell.wait(0.05)
+        await asyncio.to_thread(_publish_control, broker.bootstrap, prefix,
+                                [("actor:x", ActorRejected(revision="x", reason="test"))], "control", s)
+        assert await bell.wait(5), "the publish rang the control topic's bells"
+    finally:
+        bell.stop()

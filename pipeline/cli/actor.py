@@ -87,9 +87,9 @@ def actor_prepare(revision: Annotated[str, typer.Argument(help="the new actor re
     boot, prefix = _stack_bootstrap(s)
     if revision in _book(boot, prefix, s).rejected:
         raise CliError(f"actor {revision} was rejected before; prepare it under a new revision")
-    _publish_control(boot, prefix, [(f"actor:{revision}", ActorPrepared(spec=spec))], client_kwargs=s.kafka.client_kwargs())
+    _publish_control(boot, prefix, [(f"actor:{revision}", ActorPrepared(spec=spec))], settings=s)
     _publish_control(boot, prefix, [_event(revision, "prepared", f"{spec.sha256[:12]}, {len(checks)} checks")],
-                     topic="weight_events", client_kwargs=s.kafka.client_kwargs())
+                     topic="weight_events", settings=s)
     doc = {"revision": revision, "sha256": spec.sha256, "validation_prompts": len(checks)}
     _print_json(doc) if json else out.print(f"prepared {revision} ({spec.sha256[:12]}); replicas now load and validate it")
 
@@ -123,7 +123,7 @@ def actor_activate(revision: Annotated[str, typer.Argument()],
     if book.active == revision:
         raise CliError(f"actor {revision} is already active")
     _publish_control(boot, prefix, [(f"actor:{revision}", ActorActivated(revision=revision, previous=book.active,
-                                                                          reason=why))], client_kwargs=s.kafka.client_kwargs())
+                                                                          reason=why))], settings=s)
     doc = {"revision": revision, "previous": book.active, "barrier": why}
     _print_json(doc) if json else out.print(f"activated {revision} (was {book.active}): {why}")
 
@@ -144,8 +144,8 @@ def actor_rollback(reason: Annotated[str, typer.Option("--reason")] = "rolled ba
     book.rejected[current] = reason
     _publish_control(boot, prefix, [(f"actor:{current}", ActorRejected(revision=current, reason=reason)),
                                     (f"actor:{target}", ActorActivated(revision=target, previous=current,
-                                                                       reason=f"rollback from {current}: {reason}"))], client_kwargs=s.kafka.client_kwargs())
-    _publish_control(boot, prefix, [_event(current, "rejected", reason)], topic="weight_events", client_kwargs=s.kafka.client_kwargs())
+                                                                       reason=f"rollback from {current}: {reason}"))], settings=s)
+    _publish_control(boot, prefix, [_event(current, "rejected", reason)], topic="weight_events", settings=s)
     doc = {"rejected": current, "active": target}
     _print_json(doc) if json else out.print(f"rejected {current}; active now {target or 'the base model'}")
 

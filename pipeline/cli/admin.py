@@ -47,7 +47,7 @@ def cache_invalidate(tenant: Annotated[str, typer.Option("--tenant")],
     record = CacheInvalidate(tenant=tenant, model_revision=model_revision, prompt_revision=prompt_revision,
                              data_version=data_version, before_ms=now - (parse_duration_ms(older_than) if older_than else 0))
 
-    _publish_control(bs, prefix, [(f"cache:{tenant}", record)], client_kwargs=s.kafka.client_kwargs())
+    _publish_control(bs, prefix, [(f"cache:{tenant}", record)], settings=s)
     doc = record.model_dump(mode="json")
     if json:
         _print_json(doc)
@@ -58,7 +58,7 @@ def cache_invalidate(tenant: Annotated[str, typer.Option("--tenant")],
 def _publish_one(bootstrap: str, prefix: str, key: str, record: Any, doc: dict[str, Any], text: str,
                  json: bool, s: Settings) -> None:
     """Publish one control record, then tell the operator: `doc` with --json, else `text`."""
-    _publish_control(bootstrap, prefix, [(key, record)], client_kwargs=s.kafka.client_kwargs())
+    _publish_control(bootstrap, prefix, [(key, record)], settings=s)
     if json:
         _print_json(doc)
     else:
@@ -104,7 +104,7 @@ def tenants_add(name: Annotated[str, typer.Argument(help="tenant name")], rpm: R
     digest = key_hash(api_key)
     _publish_control(bs, prefix, [(f"tenant:{name}", TenantUpsert(tenant=name, limits=limits)),
                                   (f"key:{digest}", ApiKeyIssued(tenant=name, key_sha256=digest, principal=principal,
-                                                                  roles=role))], client_kwargs=s.kafka.client_kwargs())
+                                                                  roles=role))], settings=s)
     doc = {"tenant": name, "api_key": api_key, "key_id": key_id(digest), "limits": limits}
     if json:
         _print_json(doc)
@@ -148,7 +148,7 @@ def tenants_revoke_key(key: Annotated[Optional[str], typer.Option("--key", help=
     record = ApiKeyRevoked(key_sha256=digest)
     s = _settings(data_dir, config, bootstrap)
     bs, prefix = _stack_bootstrap(s)
-    _publish_control(bs, prefix, [(f"key:{digest}", record)], client_kwargs=s.kafka.client_kwargs())
+    _publish_control(bs, prefix, [(f"key:{digest}", record)], settings=s)
     if json:
         _print_json({"revoked_key_id": key_id(digest)})
     else:

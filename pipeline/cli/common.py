@@ -117,15 +117,19 @@ def _print_json(doc: Any) -> None:
 
 
 def _publish_control(bootstrap: str, prefix: str, records: list[tuple[str, Any]], topic: str = "control",
-                     client_kwargs: dict[str, Any] | None = None) -> None:
-    """Publish (key, record) pairs on `control` (or another registry topic), in order, acknowledged."""
-    from aiokafka import AIOKafkaProducer
-
+                     settings: Settings | None = None) -> None:
+    """Publish (key, record) pairs on `control` (or another registry topic), in order, acknowledged.
+    With the stack's doorbell each send rings the followers, so the change applies at once rather
+    than at their next doze timeout (up to a second; runtime/follower.py)."""
     from pipeline.runtime.codec import encode
+    from pipeline.runtime.doorbell import producer_class
     from pipeline.runtime.topics import TopicNames
 
+    kwargs = settings.kafka.client_kwargs() if settings is not None else {}
+    cls, extra = producer_class(_stack_doorbell(settings) if settings is not None else None)
+
     async def run() -> None:
-        p = AIOKafkaProducer(bootstrap_servers=bootstrap, acks="all", enable_idempotence=False, **(client_kwargs or {}))
+        p = cls(bootstrap_servers=bootstrap, acks="all", enable_idempotence=False, **kwargs, **extra)
         await p.start()
         try:
             for key, record in records:

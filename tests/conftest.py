@@ -195,8 +195,10 @@ async def read_topic(bootstrap: str, topic: str, count: int, timeout: float = 60
     `quiet_s`, until none arrived for that long after the first."""
     from aiokafka import AIOKafkaConsumer
 
+    # a fetch returns as soon as it has records; a short wait lets the embedded broker answer a
+    # slow read (a loaded host, a long partition) with none (runtime/bellpoll.py, step 2a)
     c = AIOKafkaConsumer(topic, bootstrap_servers=bootstrap, auto_offset_reset="earliest", enable_auto_commit=False,
-                         fetch_max_wait_ms=5, group_id=None)
+                         fetch_max_wait_ms=100, group_id=None)
     await c.start()
     got: list = []
     try:

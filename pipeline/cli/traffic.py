@@ -13,6 +13,7 @@ from pipeline.cli.app import app
 from pipeline.cli.common import (
     EXIT_NOT_OK,
     Bootstrap,
+    CliError,
     ConfigFile,
     DataDir,
     Json,
@@ -23,6 +24,7 @@ from pipeline.cli.common import (
     _stack_bootstrap,
     _stack_doorbell,
     command,
+    err,
     out,
 )
 
@@ -126,6 +128,44 @@ def mask(text: Annotated[str, typer.Option("--text", help="a sample to mask")],
     else:
         out.print(result.texts[0], markup=False, highlight=False)
         out.print(", ".join(f"{k}: {v}" for k, v in sorted(result.counts.items())) or "no entities found")
+
+
+@app.command("mask-eval")
+@command
+def mask_eval(file: Annotated[Path, typer.Option("--file", exists=True, dir_okay=False, help="labelled JSONL")],
+              tenant: Annotated[Optional[str], typer.Option("--tenant", help="apply this tenant's overrides")] = None,
+              data_dir: DataDir = Path(".llmpipe"), config: ConfigFile = None, bootstrap: Bootstrap = None,
+              json: Json = False) -> None:
+    """Recall per PII type, false-positive rate on negatives and ms per request of the configured mask policy."""
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+    from rich.table import Table
+
+    from pipeline.stages.mask.eval import evaluate, read_sentences
+    from pipeline.stages.mask.pii import Masker
+    from pipeline.stages.mask.stage import MaskStagePolicy
+
+    s = _settings(data_dir, config, bootstrap)
+    spec = next((st for st in s.stages if st.name == "mask"), None)
+    policy = MaskStagePolicy.model_validate(spec.policy if spec else {})
+    try:
+        rows = read_sentences(file)
+    except ValueError as exc:
+        raise CliError(str(exc)) from None
+    masker = Masker(policy.for_tenant(tenant))
+    with Progress(TextColumn("mask-eval"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                  console=err, transient=True) as progress:
+        task = progress.add_task("sentences", total=len(rows))
+        report = evaluate(masker, rows, on_row=lambda: progress.advance(task))
+    report["engine_revision"] = masker.revision
+    if not json:
+        t = Table("type", "values", "caught", "recall")
+        for kind, r in report["recall"].items():
+            t.add_row(kind, str(r["values"]), str(r["caught"]), str(r["recall"]))
+        out.print(t)
+        out.print(f"false positives: {report['false_positives']} of {report['negatives']} negatives "
+                  f"({report['false_positive_rate']}); ms per request p50 {report['ms_per_request']['p50']} "
+                  f"p95 {report['ms_per_request']['p95']}")
+    _print_json(report)
 
 
 

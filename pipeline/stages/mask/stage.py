@@ -69,8 +69,8 @@ class MaskStage(ThreadedStage):
         return self._maskers[key]
 
     async def start(self) -> None:
-        # build and exercise the recognizers once (regexes compile lazily) before the first record
-        await asyncio.to_thread(lambda: self.masker_for(None).mask(["warm-up a@b.co 010-0000-0000 김철수님"]))
+        # build the recognizers and load their models and lists before the first record
+        await asyncio.to_thread(lambda: self.masker_for(None).warm())
         await self.follow_control(self.registry.apply)  # tenants and keys added while running
 
     def reject(self, doc: RequestDoc, error_class: str, reason: str, evidence_reason: str) -> Outcome:

@@ -8,6 +8,7 @@ import pytest
 from pipeline.contracts import CacheInvalidate, RequestDoc
 from pipeline.contracts.request import RequestContext
 from pipeline.engines.embedder import Embedder
+from pipeline.security.sealing import Keyring
 from pipeline.stages.cache.policy import CachePolicy
 from pipeline.stages.cache.semantic import KEYWORD_FIELDS, NUMERIC_FIELDS, SemanticCache
 from pipeline.stores.vector_index import open_index
@@ -23,7 +24,7 @@ def embedder() -> Embedder:
 @pytest.fixture
 def cache(embedder, tmp_path):
     index = open_index(f"edge:{tmp_path / 'idx'}", embedder.dim, KEYWORD_FIELDS, NUMERIC_FIELDS)
-    c = SemanticCache(index, embedder, CachePolicy())
+    c = SemanticCache(index, embedder, CachePolicy(), Keyring.ephemeral())
     yield c
     index.close()
 
@@ -154,3 +155,26 @@ def test_the_write_back_reuses_the_lookup_vector(cache, monkeypatch):
     assert np.allclose(put.vector, real([Q])[0], atol=1e-5)
     stale = doc().model_copy(update={"cache": sec.model_copy(update={"embedding_revision": "other@r0"})})
     assert cache.put_record(stale, "9 to 6") is not None and calls == [[Q]]
+
+
+def test_an_entry_is_sealed_in_the_write_back_and_in_the_index(cache, embedder, tmp_path):
+    # a name the masker missed must not sit readable in the control topic or the index
+    prompt, answer = "Is Ottoline Vasquez-Brandt's order ready?", "Ottoline Vasquez-Brandt's order ships today"
+    put = cache.put_record(doc(prompt), answer)
+    assert put is not None and "Ottoline" not in put.model_dump_json()
+    assert set(put.payload) >= {"sealed", "entry_id", "tenant"} and "prompt" not in put.payload
+    cache.apply(put)
+    [stored] = cache.index.search(put.vector, [], limit=1)
+    assert "Ottoline" not in repr(stored.payload)
+    assert lookup(cache, doc(prompt)).answer == answer  # the cache itself still opens it
+    # files on disk: the index's storage holds no readable copy either
+    raw = b"".join(p.read_bytes() for p in (tmp_path / "idx").rglob("*") if p.is_file())
+    assert b"Ottoline" not in raw
+
+
+def test_an_entry_that_does_not_open_is_never_served(cache, embedder):
+    cache.apply(cache.put_record(doc(), "9 to 6"))
+    assert lookup(cache, doc()).decision == "hit"
+    cache.keyring = Keyring.ephemeral()  # the writer's key is gone (rotated out of the keyring)
+    sec = lookup(cache, doc())
+    assert sec.decision == "miss" and sec.answer is None

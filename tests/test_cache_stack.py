@@ -18,6 +18,7 @@ from pipeline.runtime.codec import decode, encode
 from pipeline.runtime.launch import stage_worker
 from pipeline.runtime.topics import TopicNames
 from pipeline.runtime.topology import Topology
+from pipeline.security.sealing import keyring_for
 from pipeline.stages.cache.policy import CachePolicy
 from pipeline.stages.cache.semantic import put_record
 from tests.conftest import ROOT, create_topics, read_topic, settings_for
@@ -45,7 +46,7 @@ async def test_write_back_hit_and_invalidation_through_the_stack(broker, prefix,
             assert first.status == "ok" and first.answered_by == "answer"
             # postprocess's write-back, published on control
             embedder = await asyncio.to_thread(Embedder)
-            put = put_record(ask(), "We are open 9 to 6 on weekdays.", embedder, CachePolicy())
+            put = put_record(ask(), "We are open 9 to 6 on weekdays.", embedder, CachePolicy(), keyring_for(s))
             p = AIOKafkaProducer(bootstrap_servers=broker.bootstrap, acks="all")
             await p.start()
             try:

@@ -7,6 +7,7 @@ import pytest
 from pipeline.contracts import RequestDoc
 from pipeline.contracts.request import DeviceState
 from pipeline.engines.embedder import Embedder
+from pipeline.security.sealing import Keyring
 from pipeline.stages.route.policy import (
     DeviceFlags,
     PlacementPolicy,
@@ -106,7 +107,7 @@ def test_route_reuses_the_cache_embedding_of_the_same_text(embedder, tmp_path):
     index = open_index(f"edge:{tmp_path / 'idx'}", embedder.dim, KEYWORD_FIELDS, NUMERIC_FIELDS)
     try:
         d = doc("How do I reset my password?")
-        sec = SemanticCache(index, embedder, CachePolicy()).lookup_many([d])[0].section
+        sec = SemanticCache(index, embedder, CachePolicy(), Keyring.ephemeral()).lookup_many([d])[0].section
     finally:
         index.close()
     vec = vector_from_b64(sec.query_embedding, embedder.dim)

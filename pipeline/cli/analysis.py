@@ -191,6 +191,7 @@ def cache_eval(pairs: Annotated[Path, typer.Option("--pairs", exists=True, dir_o
     import tempfile
 
     from pipeline.engines.embedder import Embedder
+    from pipeline.security.sealing import Keyring
     from pipeline.stages.cache.eval import evaluate, read_pairs
     from pipeline.stages.cache.policy import CachePolicy
     from pipeline.stages.cache.semantic import KEYWORD_FIELDS, NUMERIC_FIELDS, SemanticCache
@@ -206,7 +207,7 @@ def cache_eval(pairs: Annotated[Path, typer.Option("--pairs", exists=True, dir_o
     embedder = Embedder()
     with tempfile.TemporaryDirectory() as tmp:
         index = open_index(f"edge:{tmp}", embedder.dim, KEYWORD_FIELDS, NUMERIC_FIELDS)
-        cache = SemanticCache(index, embedder, policy)
+        cache = SemanticCache(index, embedder, policy, Keyring.ephemeral())
         with Progress(TextColumn("cache-eval"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                       console=err, transient=True) as progress:
             task = progress.add_task("pairs", total=len(rows))

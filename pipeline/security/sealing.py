@@ -46,6 +46,11 @@ class Keyring:
             raise RestoreError(f"mask keys must be base64: {exc}") from None
 
     @classmethod
+    def ephemeral(cls) -> "Keyring":
+        """A random key that lives in this process only (evaluations and tests: nothing outlives them)."""
+        return cls({"ephemeral": secrets.token_bytes(32)}, "ephemeral")
+
+    @classmethod
     def local(cls, directory: Path) -> "Keyring":
         """The embedded default: one key generated into DATA_DIR/secrets on first use (mode 0600)."""
         directory.mkdir(mode=0o700, parents=True, exist_ok=True)

@@ -1,11 +1,18 @@
 """The semantic cache over a vector index: lookup (embed, filtered search, threshold, gate),
 write-back and invalidation. Used by the cache stage, by postprocess (write-back) and by
 `llmpipe cache-eval`.
+
+An entry's prompt and answer are sealed (AES-GCM under the stack's keyring, the entry id as
+associated data) in the write-back record and in the index: masking misses some PII, and what it
+missed would otherwise sit readable in the control topic and the index files. Only the boundary
+fields, the vector and the times are clear. An entry that no longer opens (its key was removed
+from the keyring, or an unsealed entry from before) is never served.
 """
 
 from __future__ import annotations
 
 import hashlib
+import logging
 import threading
 from collections import OrderedDict
 from collections.abc import Sequence
@@ -18,6 +25,7 @@ from pipeline.contracts.base import now_ms
 from pipeline.contracts.request import CacheSection
 from pipeline.engines.embedder import Embedder, vector_from_b64, vector_to_b64
 from pipeline.engines.text_analyzer import TextAnalyzer, shared_analyzer
+from pipeline.security.sealing import Keyring, RestoreError, open_sealed, seal
 from pipeline.stages.cache.gate import GateRules, GateVerdict, gate
 from pipeline.stages.cache.policy import (
     BOUNDARY_FIELDS,
@@ -32,6 +40,18 @@ from pipeline.stores.vector_index import Condition, IndexEntry, Match, Range, Ve
 
 KEYWORD_FIELDS = (*BOUNDARY_FIELDS, "entry_id")
 NUMERIC_FIELDS = ("created_ms", "expires_ms")
+
+log = logging.getLogger(__name__)
+
+
+def open_entry(payload: dict, keyring: Keyring) -> tuple[str, str] | None:
+    """(prompt, answer) of an index entry, or None when it does not open with this keyring."""
+    try:
+        opened = open_sealed(str(payload.get("sealed", "")), str(payload.get("entry_id", "")), keyring)
+        return opened["prompt"], opened["answer"]
+    except (RestoreError, KeyError, TypeError) as exc:
+        log.warning("cache entry does not open (%s); it is never served", type(exc).__name__)
+        return None
 
 
 @dataclass(frozen=True)
@@ -103,7 +123,7 @@ def reused_vector(doc: RequestDoc, embedder: Embedder) -> np.ndarray | None:
     return vector_from_b64(c.query_embedding, embedder.dim)
 
 
-def put_record(doc: RequestDoc, answer: str, embedder: Embedder, policy: CachePolicy,
+def put_record(doc: RequestDoc, answer: str, embedder: Embedder, policy: CachePolicy, keyring: Keyring,
                at_ms: int | None = None) -> CachePut | None:
     """The write-back of a cacheable miss (postprocess publishes it on `control`; no index needed).
     None when the request may not be cached: bypass rules, mode off, or an empty answer."""
@@ -117,7 +137,8 @@ def put_record(doc: RequestDoc, answer: str, embedder: Embedder, policy: CachePo
     text = cache_text(doc)
     entry_id = hashlib.sha256(repr((sorted(boundary.as_payload().items()), text)).encode()).hexdigest()[:32]
     ttl_ms = policy.domains[domain].ttl_s * 1000
-    payload = {**boundary.as_payload(), "entry_id": entry_id, "prompt": text, "answer": answer,
+    payload = {**boundary.as_payload(), "entry_id": entry_id,
+               "sealed": seal({"prompt": text, "answer": answer}, entry_id, keyring),
                "created_ms": at_ms, "expires_ms": at_ms + ttl_ms, "policy_version": policy.version}
     vec = reused_vector(doc, embedder)
     if vec is None:
@@ -126,9 +147,10 @@ def put_record(doc: RequestDoc, answer: str, embedder: Embedder, policy: CachePo
 
 
 class SemanticCache:
-    def __init__(self, index: VectorIndex, embedder: Embedder, policy: CachePolicy,
+    def __init__(self, index: VectorIndex, embedder: Embedder, policy: CachePolicy, keyring: Keyring,
                  analyzer: TextAnalyzer | None = None) -> None:
         self.index = index
+        self.keyring = keyring
         self.embedder = embedder
         self.policy = policy
         self.words = WordVectors(embedder)
@@ -175,14 +197,17 @@ class SemanticCache:
         for cand in candidates:
             if cand.score < threshold:
                 break
-            verdict = gate(text, cand.payload.get("prompt", ""), self.analyzer.analyze, self.words.best_match,
-                           self.rules)
+            entry = open_entry(cand.payload, self.keyring)
+            if entry is None:
+                continue
+            prompt, answer = entry
+            verdict = gate(text, prompt, self.analyzer.analyze, self.words.best_match, self.rules)
             last_verdict = verdict
             if verdict.passed:
                 decision = "hit" if mode == "on" else "shadow_hit"
                 section = self._section(decision, "similar_and_verified", mode, boundary.domain, threshold,
                                         cand.id, cand.score, verdict.checks,
-                                        answer=cand.payload.get("answer"))  # shadow: postprocess compares it
+                                        answer=answer)  # shadow: postprocess compares it
                 return Lookup(section, boundary, verdict, ids)
         if last_verdict is None:
             return Lookup(self._section("miss", "below_threshold", mode, boundary.domain, threshold, best.id,
@@ -201,7 +226,7 @@ class SemanticCache:
     # ---- write-back and invalidation (applied from the control topic) -----------------------
 
     def put_record(self, doc: RequestDoc, answer: str, at_ms: int | None = None) -> CachePut | None:
-        return put_record(doc, answer, self.embedder, self.policy, at_ms)
+        return put_record(doc, answer, self.embedder, self.policy, self.keyring, at_ms)
 
     def apply(self, record: object) -> int:
         """Apply a control record; returns entries written (1) or deleted. Others are not the cache's."""

@@ -16,6 +16,7 @@ from pipeline.contracts import RequestDoc, Response, Status
 from pipeline.engines.embedder import ready_shared_embedder
 from pipeline.engines.text_analyzer import shared_analyzer
 from pipeline.runtime.stage import Outcome, Stage, StageContext
+from pipeline.security.sealing import keyring_for
 from pipeline.stages.cache.policy import CachePolicy
 from pipeline.stages.cache.semantic import KEYWORD_FIELDS, NUMERIC_FIELDS, Lookup, SemanticCache
 from pipeline.stores.vector_index import open_index
@@ -47,7 +48,7 @@ class CacheStage(Stage):
                                         key.get_secret_value() if key else None)
         analyzer = await asyncio.to_thread(shared_analyzer)  # Kiwi + spaCy + wordfreq: 3-9 s
         await asyncio.to_thread(analyzer.analyze, "warm up 준비")
-        self.cache = SemanticCache(index, embedder, self.policy, analyzer)
+        self.cache = SemanticCache(index, embedder, self.policy, keyring_for(self.ctx.settings), analyzer)
         await self.follow_control(self.cache.apply)  # the whole changelog, before answering anyone
 
     async def stop(self) -> None:

@@ -95,7 +95,7 @@ class PostprocessStage(ThreadedStage):
         if self.embedder is None or cache is None or cache.decision != "miss" or gen is None \
                 or gen.finish_reason != "stop":
             return []
-        put = put_record(doc, text, self.embedder, self.cache_policy)
+        put = put_record(doc, text, self.embedder, self.cache_policy, self.keyring)
         return [] if put is None else [SideRecord("control", f"cache:{doc.tenant_id or ''}".encode(), put)]
 
     def _response(self, doc: RequestDoc, text: str, source: str, samples: list) -> Response:

@@ -28,7 +28,10 @@ def test_cache_eval_precision_and_recall(name, min_recall):
     report = run_eval(name)
     lines = [line for line in (ROOT / "tests" / "data" / name).read_text().splitlines() if line.strip()]
     assert len(report["pairs"]) == len(lines)
-    assert all(set(p) == {"hit", "similarity", "gate", "reason"} for p in report["pairs"])
+    assert all(set(p) == {"kind", "label", "hit", "similarity", "gate", "reason"} for p in report["pairs"])
+    assert [p["label"] for p in report["pairs"]] == [orjson.loads(line)["label"] for line in lines]
+    assert sum(sc["pairs"] for sc in report["by_kind"].values()) == len(lines)
+    assert report["overall"]["cross_tenant_hits"] == 0 and report["overall"]["volatile_hits"] == 0
     overall = report["overall"]
     print(name, overall)
     assert overall["precision"] >= 0.98 and overall["false_hits"] <= 0.02 * overall["hits"]

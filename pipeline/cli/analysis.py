@@ -219,6 +219,12 @@ def cache_eval(pairs: Annotated[Path, typer.Option("--pairs", exists=True, dir_o
             t.add_row(name, str(sc["pairs"]), str(sc["same"]), str(sc["hits"]), str(sc["precision"]),
                       str(sc["recall"]), str(sc["false_hits"]), str(sc["lookup_ms"]["p50"]), str(sc["lookup_ms"]["p95"]))
         out.print(t)
+        k = Table("kind", "pairs", "same", "hits", "false hits")
+        for name, sc in report["by_kind"].items():
+            k.add_row(name, str(sc["pairs"]), str(sc["same"]), str(sc["hits"]), str(sc["false_hits"]))
+        out.print(k)
+        o = report["overall"]
+        out.print(f"cross-tenant hits: {o['cross_tenant_hits']}; volatile hits: {o['volatile_hits']}")
         report = {k: v for k, v in report.items() if k != "pairs"}
     _print_json(report)
 

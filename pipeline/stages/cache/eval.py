@@ -31,6 +31,7 @@ class Pair:
     domain: str
     tenant_a: str
     tenant_b: str
+    kind: str = ""  # the set's kind of pair (paraphrase, negation, cross_tenant, volatile, ...)
 
 
 def read_pairs(path: Path) -> list[Pair]:
@@ -43,7 +44,8 @@ def read_pairs(path: Path) -> list[Pair]:
             if o["label"] not in ("same", "different"):
                 raise ValueError(f"label must be same|different, got {o['label']!r}")
             ta = o.get("tenant_a") or DEFAULT_TENANT
-            pairs.append(Pair(o["a"], o["b"], o["label"], o.get("domain") or "faq", ta, o.get("tenant_b") or ta))
+            pairs.append(Pair(o["a"], o["b"], o["label"], o.get("domain") or "faq", ta, o.get("tenant_b") or ta,
+                              str(o.get("kind") or "")))
         except (orjson.JSONDecodeError, KeyError, ValueError, TypeError) as exc:
             raise ValueError(f"{path}:{n}: {exc}") from None
     return pairs
@@ -79,15 +81,23 @@ def evaluate(cache: SemanticCache, pairs: list[Pair], on_pair: Callable[[], None
         [lk] = cache.lookup_many([_doc(p.b, p.tenant_b, p.domain, version, f"b{i}")])
         ms = (time.perf_counter() - t0) * 1000
         sec = lk.section
-        rows.append({"label": p.label, "domain": p.domain, "hit": sec.decision == "hit", "similarity": sec.similarity,
+        rows.append({"label": p.label, "domain": p.domain, "kind": p.kind, "hit": sec.decision == "hit",
+                     "similarity": sec.similarity,
                      "gate": sec.gate, "reason": sec.reason, "written": put is not None, "lookup_ms": round(ms, 2)})
         if on_pair:
             on_pair()
     by_domain: dict[str, list] = defaultdict(list)
+    by_kind: dict[str, list] = defaultdict(list)
     for r in rows:
         by_domain[r["domain"]].append(r)
+        by_kind[r["kind"] or "unlabelled"].append(r)
+    overall = _scores(rows)
+    # the two false hits that are never acceptable, whatever the precision
+    overall["cross_tenant_hits"] = sum(r["hit"] for r in by_kind.get("cross_tenant", []))
+    overall["volatile_hits"] = sum(r["hit"] for r in by_kind.get("volatile", []))
     return {
-        "overall": _scores(rows),
+        "overall": overall,
         "by_domain": {d: _scores(rs) for d, rs in sorted(by_domain.items())},
-        "pairs": [{k: r[k] for k in ("hit", "similarity", "gate", "reason")} for r in rows],
+        "by_kind": {k: _scores(rs) for k, rs in sorted(by_kind.items())},
+        "pairs": [{k: r[k] for k in ("kind", "label", "hit", "similarity", "gate", "reason")} for r in rows],
     }

@@ -46,3 +46,22 @@ def test_cache_eval_rejects_a_bad_file(tmp_path):
     r = subprocess.run([sys.executable, "-m", "pipeline.cli", "cache-eval", "--pairs", str(bad)], cwd=ROOT,
                        capture_output=True, text=True, timeout=300)
     assert r.returncode == 1 and "bad.jsonl:1" in r.stderr and "label" in r.stderr
+
+
+def test_the_gate_rules_set_is_answered_exactly():
+    """Negation scope, the prohibitive, the kind of answer asked for and volatile questions (the
+    pairs the 2026-12-03 rules were written against: a tuned set)."""
+    report = run_eval("cache_pairs_rules.jsonl")
+    assert report["overall"]["false_hits"] == 0 and report["overall"]["recall"] == 1.0
+    assert report["overall"]["volatile_hits"] == 0 and report["by_kind"]["volatile"]["pairs"] >= 8
+
+
+def test_the_unseen_pairs_are_measured_and_never_cross_a_tenant():
+    """Held out: written apart and never tuned on. Reported in the notes per kind; the precision
+    target (0.98) is not met yet, so this holds what must never happen and a regression floor."""
+    report = run_eval("cache_pairs_unseen.jsonl")
+    overall = report["overall"]
+    print("unseen:", {k: overall[k] for k in ("precision", "recall", "false_hits", "volatile_hits")},
+          {k: (v["hits"], v["false_hits"]) for k, v in report["by_kind"].items()})
+    assert overall["cross_tenant_hits"] == 0 and report["by_kind"]["cross_tenant"]["pairs"] >= 15
+    assert overall["false_hits"] <= 10 and overall["precision"] >= 0.84

@@ -6,7 +6,7 @@ import pytest
 
 from pipeline.contracts import RequestDoc
 from pipeline.contracts.request import RequestContext
-from pipeline.stages.cache.gate import GateRules, gate, negated, numbers
+from pipeline.stages.cache.gate import GateRules, gate, negated, numbers, question_kinds, same_question
 from pipeline.stages.cache.policy import CachePolicy, acl_scope, boundary_for, bypass_reason, detect_domain
 
 POLICY = CachePolicy()
@@ -116,7 +116,7 @@ def test_gate_skips_the_analysis_when_numbers_or_entities_already_differ(analyze
     assert not v.passed and v.checks["entities"] is False
     assert seen == [] and words == [], "no analysis, no word embeddings"
     v = gate("Reply yes (order 5 abcd)", "Reply yes (order 5 efgh)", counting, sims, RULES)
-    assert len(seen) == 2 and set(v.checks) == {"numbers", "entities", "negation", "content_words"}
+    assert len(seen) == 2 and set(v.checks) == {"numbers", "entities", "question", "negation", "content_words"}
 
 
 def test_gate_refuses_a_different_action_or_added_specific_detail(analyze):
@@ -182,3 +182,33 @@ def test_a_deployment_extends_the_gate_vocabulary(analyze):
     assert gate(a, b, analyze, lexical, default).passed and not gate(a, b, analyze, lexical, own).passed
     # service tiers are built in: express shipping is another product
     assert not gate(a, "How long does express shipping take?", analyze, lexical, default).passed
+
+
+def test_gate_refuses_a_negation_that_moved_to_another_argument(analyze):
+    def g(a, b):
+        return gate(a, b, analyze, lexical, RULES)
+
+    v = g("Sync works on Wi-Fi but not on mobile data", "Sync works on mobile data but not on Wi-Fi")
+    assert not v.passed and v.checks["negation"] is True and v.checks["negation_scope"] is False
+    v = g("카드 결제는 되는데 계좌이체는 안 돼요", "계좌이체는 되는데 카드 결제는 안 돼요")
+    assert not v.passed and v.checks["negation_scope"] is False
+    # the same thing negated on both sides is fine
+    assert g("Sync works on Wi-Fi but not on mobile data", "Sync works on Wi-Fi, not on mobile data").passed
+    assert g("I can't log in on the app", "I cannot log in on the app").checks["negation_scope"] is True
+    # the prohibitive asks the opposite
+    assert g("이 파일 삭제하지 마세요", "이 파일 삭제하세요").checks["negation"] is False
+
+
+@pytest.mark.parametrize("a,b,same", [
+    ("When will my refund arrive?", "Where will my refund arrive?", False),
+    ("How much does it cost to cancel?", "How do I cancel?", False),
+    ("Who can see my album?", "How can I share my album?", False),
+    ("환불은 언제 들어오나요?", "환불은 어디로 들어오나요?", False),
+    ("배송은 며칠 걸려요?", "배송비는 얼마예요?", False),
+    ("How much is express shipping?", "What is the price of express shipping?", True),
+    ("Where can I download my invoice?", "How do I get a copy of my invoice?", True),  # a kind on one side: rewording
+    ("제품 보증 기간이 얼마나 돼요?", "제품 보증기간 얼마야?", True),  # 얼마 asks any quantity
+    ("My battery drains fast", "Why does my battery drain so fast?", True),
+])
+def test_the_kind_of_answer_asked_for_must_agree(a, b, same):
+    assert same_question(question_kinds(a), question_kinds(b)) is same

@@ -14,7 +14,10 @@ a compound. What is left over decides:
   (frequent) words and no name ("the latest version of the app" vs "on the router");
 - a verb or adverb on one side only is rewording, unless it pins down a day, a time or a
   direction (`SPECIFIC`, + policy words): enable/disable, today/tomorrow must agree wherever they appear.
-Numbers (digits and number words), masked entities and negation must agree exactly.
+Numbers (digits and number words), masked entities and negation must agree exactly, and so must
+what negation covers ("works on A but not on B" is not "works on B but not on A": a word negated
+on one side may not stand un-negated on the other) and the kind of answer asked for (when /
+where, how much / how: `QUESTION_KINDS`).
 """
 
 from __future__ import annotations
@@ -25,12 +28,16 @@ from dataclasses import dataclass, field
 
 from pipeline.engines.text_analyzer import Analysis, Token
 from pipeline.stages.cache.lexicon import (
+    CLAUSE_BREAK,
     EN_NUMBER,
     KO_NATIVE,
     KO_UNIT,
     NEGATION_EN,
     NEGATION_KO,
     PHRASES,
+    QUESTION_KIND_OVERLAP,
+    QUESTION_KINDS,
+    QUESTION_KINDS_BOTH,
     SPECIFIC,
     SPECIFIC_KO,
     STOP_EN,
@@ -59,6 +66,52 @@ def negated(text: str, analysis: Analysis | None = None) -> bool:
     return (bool(words & NEGATION_EN) or "n't" in lowered or bool(re.search(r"\bnon-?[a-z]", lowered))
             or any(k in lowered for k in NEGATION_KO)
             or (analysis is not None and any(t.kind == "neg" for t in analysis.tokens)))
+
+
+def question_kinds(text: str) -> frozenset[str]:
+    lowered = text.lower()
+    return frozenset(k for k, pats in QUESTION_KINDS.items() if any(re.search(p, lowered) for p in pats))
+
+
+def same_question(a: frozenset[str], b: frozenset[str]) -> bool:
+    """Do two prompts ask for the same kind of answer? (QUESTION_KINDS)"""
+    def widen(kinds: frozenset[str]) -> set[str]:
+        return set(kinds).union(*(QUESTION_KIND_OVERLAP.get(k, set()) for k in kinds))
+
+    if a and b and not (widen(a) & widen(b)):
+        return False
+    for kind in QUESTION_KINDS_BOTH:  # a price or a person on one side: the other must ask it too
+        if (kind in a) != (kind in b) and kind not in widen(b if kind in a else a):
+            return False
+    return True
+
+
+def clauses(text: str) -> list[str]:
+    return [c for c in re.split(CLAUSE_BREAK, text, flags=re.IGNORECASE) if c and c.strip()]
+
+
+def negation_moved(query: str, candidate: str, analyze: Callable[[str], Analysis], rules: "GateRules") -> bool:
+    """A content word negated in one prompt's clause stands un-negated in the other prompt (the
+    negation moved to another argument). Only asked when both prompts are negated."""
+    def split(text: str) -> tuple[list[Token], list[Token]]:
+        negated_words: list[Token] = []
+        plain: list[Token] = []
+        for clause in clauses(text):
+            words = content_tokens(analyze(normalise(clause)))
+            (negated_words if negated(clause, analyze(normalise(clause))) else plain).extend(words)
+        return negated_words, plain
+
+    def moved(neg: list[Token], other_neg: list[Token], other_plain: list[Token]) -> bool:
+        for t in neg:
+            if any(rules.same_word(t.lemma, o.lemma) for o in other_neg):
+                continue
+            if any(rules.same_word(t.lemma, o.lemma) for o in other_plain):
+                return True
+        return False
+
+    q_neg, q_plain = split(query)
+    c_neg, c_plain = split(candidate)
+    return moved(q_neg, c_neg, c_plain) or moved(c_neg, q_neg, q_plain)
 
 
 def normalise(text: str) -> str:
@@ -184,8 +237,12 @@ def gate(query: str, candidate: str, analyze: Callable[[str], Analysis], word_si
     if not all(checks.values()):
         failed = [k for k, ok in checks.items() if not ok]
         return GateVerdict(passed=False, checks=checks, reason="gate_failed:" + ",".join(failed))
+    checks["question"] = same_question(question_kinds(query), question_kinds(candidate))
     qa, ca = analyze(normalise(query)), analyze(normalise(candidate))
-    checks["negation"] = negated(query, qa) == negated(candidate, ca)
+    q_negated, c_negated = negated(query, qa), negated(candidate, ca)
+    checks["negation"] = q_negated == c_negated
+    if q_negated and c_negated:
+        checks["negation_scope"] = not negation_moved(query, candidate, analyze, rules)
     qt, ct = content_tokens(qa), content_tokens(ca)
     q_un = _unmatched(qt, ct, re.sub(r"\s+", "", candidate.lower()), rules)
     c_un = _unmatched(ct, qt, re.sub(r"\s+", "", query.lower()), rules)

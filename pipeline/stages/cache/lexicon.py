@@ -7,7 +7,35 @@ NEGATION_EN = {"not", "no", "never", "without", "cannot", "can't", "won't", "don
                 "isn't", "aren't", "wasn't", "shouldn't", "couldn't", "wouldn't", "exclude", "excluding", "except",
                 "neither", "nor", "unable", "fail", "failed", "fails"}
 
-NEGATION_KO = ("안 ", "못 ", "않", "없", "말고", "제외", "아니", "불가", "실패", "안돼", "안되", "안 돼", "못해")
+# 지 마/말: the prohibitive ("삭제하지 마세요" asks the opposite of "삭제하세요")
+NEGATION_KO = ("안 ", "못 ", "않", "없", "말고", "제외", "아니", "불가", "실패", "안돼", "안되", "안 돼", "못해",
+               "지 마", "지마", "지 말", "지말")
+
+# Where a prompt splits into clauses that can be negated apart: "works on A but not on B"
+CLAUSE_BREAK = r"[,;.!?]|\b(?:but|and|or|while|whereas|although|though|yet)\b|(?<=[가-힣])(?:는데|지만|으나|고|며|면서)(?=\s)"
+
+# What kind of answer a question asks for. Two prompts that both ask for a kind, with no kind in
+# common (when / where, how long / how much), are different questions however many words they
+# share; a price or a person asked on one side only is one too ("how much to cancel" / "how to
+# cancel", "who can see it" / "how can I share it"). Another kind on one side only is rewording
+# ("Where can I download it?" / "How do I get it?", a complaint / "why does it ...").
+# Matched on the lower-cased text; Korean 얼마 asks for any quantity.
+QUESTION_KINDS: dict[str, tuple[str, ...]] = {
+    "amount": (r"\bhow much\b", r"\bcosts?\b", r"\bprice\b", r"\bfees?\b", "비용", "가격", "요금", "수수료",
+               "(?:배송|택배|배달|운송|반품|교환|수리|설치|교통|관리|이용|회|연회|등록|수강|진료|입장|주차)비"),
+    "count": (r"\bhow many\b", r"몇\s?(?:개|명|번|장|대|권)"),
+    "duration": (r"\bhow long\b", r"며칠(?:이나)? 걸", "몇 시간"),
+    "frequency": (r"\bhow often\b", "얼마나 자주", "몇 번마다"),
+    "quantity": ("얼마",),
+    "time": (r"\bwhen\b", r"\bwhat time\b", r"\bhow soon\b", "언제", r"몇\s?시(?!간)"),
+    "place": (r"\bwhere\b", "어디"),
+    "reason": (r"\bwhy\b", r"\bhow come\b", "왜"),
+    "person": (r"\bwho\b", r"\bwhom\b", "누가", "누구"),
+}
+# kinds that answer each other: Korean 얼마 is how much, how long or how many
+QUESTION_KIND_OVERLAP = {"quantity": {"amount", "count", "duration", "frequency"}}
+# kinds that must be asked on both sides or neither
+QUESTION_KINDS_BOTH = ("amount", "person")
 
 STOP_EN = {
     "a", "an", "the", "i", "me", "my", "mine", "you", "your", "we", "our", "us", "it", "its", "is", "are", "was",

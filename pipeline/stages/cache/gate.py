@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 
 from pipeline.engines.text_analyzer import Analysis, Token
 from pipeline.stages.cache.lexicon import (
+    ALTERNATIVE,
     CLAUSE_BREAK,
     EN_NUMBER,
     KO_NATIVE,
@@ -43,21 +44,43 @@ from pipeline.stages.cache.lexicon import (
     STOP_EN,
     STOP_KO,
     SYNONYMS,
+    TIME_UNITS_H,
 )
 from pipeline.stages.cache.policy import PLACEHOLDER, CachePolicy
 
-_NUMBER = re.compile(r"\d+(?:[.,]\d+)*")
+# relations that spaCy does not count as content words but that change the question
+RELATIONS_EN = frozenset({"before", "after", "without", "until", "with"})
+LONG_PROMPT = 200  # characters: a prompt this long is context + ask, and the asks are compared alone
+
+
+def _same_relations(query: str, candidate: str) -> bool:
+    """Both prompts relate things, and by other words ("after I started" / "before I started"); a
+    relation on one side only is rewording ("after ordering" / "I already placed the order")."""
+    q = set(re.findall(r"[a-z]+", query.lower())) & RELATIONS_EN
+    c = set(re.findall(r"[a-z]+", candidate.lower())) & RELATIONS_EN
+    return not (q and c) or q == c
 
 
 def numbers(text: str) -> set[str]:
-    """Quantities as digits: "5만원" = "50,000원", "two cards" = "2 cards", "두 번" = "2번"."""
+    """Quantities as digits: "5만원" = "50,000원", "two cards" = "2 cards", "두 번" = "2번"; time spans
+    in hours, so "3주" is not "3일" and "14일" = "2주", "48 hours" = "two days"."""
     text = re.sub(r"(\d+(?:[.,]\d+)*)\s*(십|백|천|만|억)",
                   lambda m: str(int(float(m.group(1).replace(",", "")) * KO_UNIT[m.group(2)])), text)
     text = re.sub(r"(?<![가-힣])(한|두|세|네|다섯) ?(?=(?:번|개|장|명|달|시간|사람|가지|권|병|잔|대|살)(?![가-힣]{2}))",
                   lambda m: str(KO_NATIVE[m.group(1)]), text)
     text = re.sub(r"\b(" + "|".join(EN_NUMBER) + r")\b", lambda m: str(EN_NUMBER[m.group(1).lower()]), text,
                   flags=re.IGNORECASE)
-    return {n.replace(",", "") for n in _NUMBER.findall(text)}
+    out = set()
+    for m in _QUANTITY.finditer(text):
+        number = m.group(1).replace(",", "")
+        hours = TIME_UNITS_H.get((m.group(2) or "").lower())
+        out.add(f"{float(number) * hours:g}h" if hours else number)
+    return out
+
+
+# a number and the time unit after it, if any (longest unit first: "days" before "day", 주일 before 주)
+_QUANTITY = re.compile(r"(\d+(?:[.,]\d+)*)(?:\s*(" + "|".join(sorted(map(re.escape, TIME_UNITS_H), key=len, reverse=True))
+                       + r")(?![A-Za-z]))?", re.IGNORECASE)
 
 
 def negated(text: str, analysis: Analysis | None = None) -> bool:
@@ -197,6 +220,9 @@ class GateVerdict:
     checks: dict[str, bool] = field(default_factory=dict)
     reason: str = ""
     unmatched: list[str] = field(default_factory=list)
+    # content words per side and those left unaccounted for: features of the verifier (verifier.py)
+    words: tuple[int, int] = (0, 0)
+    left_over: tuple[int, int] = (0, 0)
 
 
 def _unmatched(tokens: list[Token], other: list[Token], other_compact: str, rules: GateRules) -> list[Token]:
@@ -219,30 +245,37 @@ def _substituted(side: list[Token], other: list[Token], word_similarity, word_ma
     return [t.lemma for t in side if t.lemma not in common] + [w for w, s in zip(common, close) if s < word_match]
 
 
-def gate(query: str, candidate: str, analyze: Callable[[str], Analysis], word_similarity,
-         rules: GateRules) -> GateVerdict:
-    """Do query and cached prompt ask the same thing? (the rules are above)
+def alternatives(text: str, analyze: Callable[[str], Analysis]) -> list[tuple[str, str]]:
+    """The content words on either side of each contrast marker (ALTERNATIVE): ("office", "home")
+    for "to my office instead of my home"."""
+    lowered = normalise(text).lower()
+    out = []
+    for m in re.finditer(ALTERNATIVE, lowered):
+        before = content_tokens(analyze(lowered[:m.start()]))
+        after = content_tokens(analyze(lowered[m.end():]))
+        if before and after:
+            out.append((before[-1].lemma, after[0].lemma))
+    return out
 
-    `word_similarity(words, against)` lets close English common nouns count as the same word
-    (>= rules.word_match); names, adjectives and Korean words never pass on similarity: co-hyponyms
-    (Canada/Mexico, 부산/대전) embed close together.
 
-    Cheapest first: when numbers or entities differ the verdict is already a fail, so the
-    analysis and the word embeddings (most of a lookup's cost, docs/ARCHITECTURE.md) are skipped,
-    and `checks` holds only the checks that ran."""
-    checks = {
-        "numbers": numbers(query) == numbers(candidate),
-        "entities": set(PLACEHOLDER.findall(query)) == set(PLACEHOLDER.findall(candidate)),
-    }
-    if not all(checks.values()):
-        failed = [k for k, ok in checks.items() if not ok]
-        return GateVerdict(passed=False, checks=checks, reason="gate_failed:" + ",".join(failed))
-    checks["question"] = same_question(question_kinds(query), question_kinds(candidate))
-    qa, ca = analyze(normalise(query)), analyze(normalise(candidate))
-    q_negated, c_negated = negated(query, qa), negated(candidate, ca)
-    checks["negation"] = q_negated == c_negated
-    if q_negated and c_negated:
-        checks["negation_scope"] = not negation_moved(query, candidate, analyze, rules)
+def asks(text: str) -> str:
+    """A long prompt's last sentence: the question it asks about the context before it."""
+    parts = [p for p in re.split(r"(?<=[.?!])\s+|\n+", text.strip()) if p.strip()]
+    return parts[-1] if len(parts) > 1 else ""
+
+
+@dataclass
+class _Words:
+    bad: list[str]
+    words: tuple[int, int]
+    left_over: tuple[int, int]
+
+
+def _content_words(query: str, candidate: str, analyze: Callable[[str], Analysis], word_similarity,
+                   rules: GateRules, qa: Analysis | None = None, ca: Analysis | None = None) -> _Words:
+    """The words of each prompt the other does not account for, and which of them break the match."""
+    qa = qa or analyze(normalise(query))
+    ca = ca or analyze(normalise(candidate))
     qt, ct = content_tokens(qa), content_tokens(ca)
     q_un = _unmatched(qt, ct, re.sub(r"\s+", "", candidate.lower()), rules)
     c_un = _unmatched(ct, qt, re.sub(r"\s+", "", query.lower()), rules)
@@ -261,7 +294,46 @@ def gate(query: str, candidate: str, analyze: Callable[[str], Analysis], word_si
             bad += [t.lemma for t in slots + theirs]  # a word of another kind stands where a slot was
         elif len(slots) > rules.added_words_max or any(t.kind == "name" or t.zipf < rules.generic_zipf for t in slots):
             bad += [t.lemma for t in slots]  # added detail: only a little, and only generic words
-    checks["content_words"] = not bad
+    return _Words(bad, (len(qt), len(ct)), (len(q_un), len(c_un)))
+
+
+def gate(query: str, candidate: str, analyze: Callable[[str], Analysis], word_similarity,
+         rules: GateRules) -> GateVerdict:
+    """Do query and cached prompt ask the same thing? (the rules are above)
+
+    `word_similarity(words, against)` lets close English common nouns count as the same word
+    (>= rules.word_match); names, adjectives and Korean words never pass on similarity: co-hyponyms
+    (Canada/Mexico, 부산/대전) embed close together.
+
+    Cheapest first: when numbers or entities differ the verdict is already a fail, so the
+    analysis and the word embeddings (most of a lookup's cost, docs/ARCHITECTURE.md) are skipped,
+    and `checks` holds only the checks that ran."""
+    checks = {
+        "numbers": numbers(query) == numbers(candidate),
+        "entities": set(PLACEHOLDER.findall(query)) == set(PLACEHOLDER.findall(candidate)),
+        "relations": _same_relations(query, candidate),
+    }
+    if not all(checks.values()):
+        failed = [k for k, ok in checks.items() if not ok]
+        return GateVerdict(passed=False, checks=checks, reason="gate_failed:" + ",".join(failed))
+    checks["question"] = same_question(question_kinds(query), question_kinds(candidate))
+    qa, ca = analyze(normalise(query)), analyze(normalise(candidate))
+    q_negated, c_negated = negated(query, qa), negated(candidate, ca)
+    checks["negation"] = q_negated == c_negated
+    if q_negated and c_negated:
+        checks["negation_scope"] = not negation_moved(query, candidate, analyze, rules)
+    q_alt, c_alt = alternatives(query, analyze), alternatives(candidate, analyze)
+    if q_alt and c_alt:  # the same two things, set against each other the other way round
+        checks["order"] = not any(rules.same_word(x, y2) and rules.same_word(y, x2) and not rules.same_word(x, y)
+                                  for x, y in q_alt for x2, y2 in c_alt)
+    words = _content_words(query, candidate, analyze, word_similarity, rules, qa, ca)
+    checks["content_words"] = not words.bad
+    bad = list(words.bad)
+    if len(query) > LONG_PROMPT and len(candidate) > LONG_PROMPT and asks(query) and asks(candidate):
+        # a shared context accounts for every word of either question: compare the questions alone
+        ask = _content_words(asks(query), asks(candidate), analyze, word_similarity, rules)
+        checks["ask"] = not ask.bad and same_question(question_kinds(asks(query)), question_kinds(asks(candidate)))
+        bad += ask.bad
     failed = [k for k, ok in checks.items() if not ok]
     return GateVerdict(passed=not failed, checks=checks, reason=("gate_failed:" + ",".join(failed)) if failed else "gate_passed",
-                       unmatched=sorted(set(bad)))
+                       unmatched=sorted(set(bad)), words=words.words, left_over=words.left_over)

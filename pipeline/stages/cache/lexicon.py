@@ -12,7 +12,19 @@ NEGATION_KO = ("안 ", "못 ", "않", "없", "말고", "제외", "아니", "불�
                "지 마", "지마", "지 말", "지말")
 
 # Where a prompt splits into clauses that can be negated apart: "works on A but not on B"
-CLAUSE_BREAK = r"[,;.!?]|\b(?:but|and|or|while|whereas|although|though|yet)\b|(?<=[가-힣])(?:는데|지만|으나|고|며|면서)(?=\s)"
+CLAUSE_BREAK = (r"[,;.!?]|\b(?:but|and|or|while|whereas|although|though|yet)\b"
+                r"|(?<=[가-힣])(?:는데도|는데|지만|으나|고|며|면서)(?=\s)")
+
+# Words that set one thing against another: the order of what stands around them is meaning
+# ("to my office instead of my home" is not "to my home instead of my office", 할부 말고 일시불 is
+# not 일시불 말고 할부). Matched on the lower-cased text.
+ALTERNATIVE = r"\binstead of\b|\brather than\b|\bbut not\b|(?<=[가-힣])\s?(?:말고|대신에?|아니라|보다)(?=\s)"
+
+# Units a quantity is counted in, as hours (time) or as themselves: "3주" is not "3일", and
+# "14일" is "2주", "48 hours" is "two days". Korean units follow the number directly or after a space.
+TIME_UNITS_H = {"시간": 1, "일": 24, "주": 168, "주일": 168, "개월": 720, "달": 720, "년": 8760,
+                "hour": 1, "hours": 1, "hr": 1, "hrs": 1, "day": 24, "days": 24, "week": 168, "weeks": 168,
+                "month": 720, "months": 720, "year": 8760, "years": 8760}
 
 # What kind of answer a question asks for. Two prompts that both ask for a kind, with no kind in
 # common (when / where, how long / how much), are different questions however many words they
@@ -88,13 +100,15 @@ SPECIFIC = {
     # tiers and options: the same question about another product or service level
     "express", "standard", "economy", "priority", "overnight", "international", "domestic", "free", "paid",
     "premium", "basic", "pro", "plus", "lite", "family", "student", "trial", "gold", "silver",
+    # operations that undo or hold what the other prompt does
+    "cancel", "undo", "pause", "resume", "revoke", "withdraw",
 }
 
 SPECIFIC_KO = {"켜", "끄", "꺼", "추가", "삭제", "포함", "별도", "제외", "오전", "오후", "어제", "오늘", "내일", "주말", "평일",
                 "열", "닫", "시작", "중지", "해지", "가입", "올리", "내리", "좋", "나쁘", "피하", "피해", "좋은", "나쁜",
                 "설치", "로그인", "로그아웃", "보내", "늘리", "줄이", "이번", "다음", "지난",
                 "특급", "빠른배송", "일반배송", "해외", "국내", "무료", "유료", "프리미엄", "베이직", "프로", "플러스",
-                "패밀리", "학생", "체험"}
+                "패밀리", "학생", "체험", "취소", "빼", "철회", "보류"}
 
 # Paraphrase lexicon: words that name the same thing (grown on tests/data/cache_pairs.jsonl: see README).
 SYNONYMS = [

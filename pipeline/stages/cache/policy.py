@@ -76,6 +76,10 @@ class CachePolicy(BaseModel):
     # all-MiniLM-L6-v2 is English-only: Korean paraphrases score 0.2-0.6, so Korean prompts pick
     # candidates at a lower threshold; the gate, not the cosine, decides the hit
     hangul_threshold_offset: float = Field(0.3, ge=0.0, le=1.0)
+    # the calibrated verifier after the gate (verifier.py): off only to measure the gate alone
+    verifier: bool = True
+    verifier_path: str | None = Field(None, description="a fitted verifier (llmpipe cache-fit); None: the shipped one")
+    verifier_threshold: float | None = Field(None, ge=0.0, le=1.5, description="None: the calibrated threshold")
 
     def threshold_for(self, domain: str, text: str) -> float | None:
         rule = self.domains.get(domain)

@@ -17,6 +17,7 @@ import threading
 from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import numpy as np
 
@@ -24,6 +25,7 @@ from pipeline.contracts import CacheInvalidate, CachePut, RequestDoc
 from pipeline.contracts.base import now_ms
 from pipeline.contracts.request import CacheSection
 from pipeline.engines.embedder import Embedder, vector_from_b64, vector_to_b64
+from pipeline.engines.multilingual import MultilingualEncoder, shared_multilingual
 from pipeline.engines.text_analyzer import TextAnalyzer, shared_analyzer
 from pipeline.security.sealing import Keyring, RestoreError, open_sealed, seal
 from pipeline.stages.cache.gate import GateRules, GateVerdict, gate
@@ -36,6 +38,7 @@ from pipeline.stages.cache.policy import (
     cache_text,
     detect_domain,
 )
+from pipeline.stages.cache.verifier import Verifier, features
 from pipeline.stores.vector_index import Condition, IndexEntry, Match, Range, VectorIndex
 
 KEYWORD_FIELDS = (*BOUNDARY_FIELDS, "entry_id")
@@ -148,7 +151,7 @@ def put_record(doc: RequestDoc, answer: str, embedder: Embedder, policy: CachePo
 
 class SemanticCache:
     def __init__(self, index: VectorIndex, embedder: Embedder, policy: CachePolicy, keyring: Keyring,
-                 analyzer: TextAnalyzer | None = None) -> None:
+                 analyzer: TextAnalyzer | None = None, multilingual: MultilingualEncoder | None = None) -> None:
         self.index = index
         self.keyring = keyring
         self.embedder = embedder
@@ -156,7 +159,26 @@ class SemanticCache:
         self.words = WordVectors(embedder)
         self.analyzer = analyzer or shared_analyzer()
         self.rules = GateRules.build(policy)
+        self.verifier = (Verifier.load(Path(policy.verifier_path) if policy.verifier_path else None)
+                         if policy.verifier else None)
+        self.multilingual = multilingual or shared_multilingual()  # loaded on first use
         self.invalidations: list[Invalidation] = []
+
+    def pair_evidence(self, query: str, prompt: str, minilm_cos: float | None = None
+                      ) -> tuple[GateVerdict, np.ndarray | None]:
+        """The gate's verdict on (query, cached prompt) and the verifier's features; no features when
+        the gate refused on numbers, entities or relations (no model runs then)."""
+        verdict = gate(query, prompt, self.analyzer.analyze, self.words.best_match, self.rules)
+        if not all(verdict.checks.get(k, True) for k in ("numbers", "entities", "relations")):
+            return verdict, None
+        if minilm_cos is None:
+            a, b = self.embedder.embed([query, prompt])
+            minilm_cos = float(a @ b)
+        return verdict, self._features(query, prompt, minilm_cos, verdict)
+
+    def _features(self, query: str, prompt: str, minilm_cos: float, verdict: GateVerdict) -> np.ndarray:
+        u = self.multilingual.encode([query, prompt])
+        return features(query, prompt, minilm_cos, float(u[0] @ u[1]), verdict)
 
     # ---- lookup ----------------------------------------------------------------------------
 
@@ -203,11 +225,18 @@ class SemanticCache:
             prompt, answer = entry
             verdict = gate(text, prompt, self.analyzer.analyze, self.words.best_match, self.rules)
             last_verdict = verdict
+            p = None
+            if verdict.passed and self.verifier is not None:
+                ok, p = self.verifier.accepts(self._features(text, prompt, cand.score, verdict),
+                                              self.policy.verifier_threshold)
+                verdict.checks["verifier"] = ok
+                if not ok:
+                    verdict.passed, verdict.reason = False, "verifier_refused"
             if verdict.passed:
                 decision = "hit" if mode == "on" else "shadow_hit"
                 section = self._section(decision, "similar_and_verified", mode, boundary.domain, threshold,
                                         cand.id, cand.score, verdict.checks,
-                                        answer=answer)  # shadow: postprocess compares it
+                                        answer=answer, verifier_p=p)  # shadow: postprocess compares it
                 return Lookup(section, boundary, verdict, ids)
         if last_verdict is None:
             return Lookup(self._section("miss", "below_threshold", mode, boundary.domain, threshold, best.id,
@@ -217,10 +246,13 @@ class SemanticCache:
 
     def _section(self, decision: str, reason: str, mode: str, domain: str, threshold: float | None = None,
                  candidate_id: str | None = None, similarity: float | None = None,
-                 gate_checks: dict[str, bool] | None = None, answer: str | None = None) -> CacheSection:
+                 gate_checks: dict[str, bool] | None = None, answer: str | None = None,
+                 verifier_p: float | None = None) -> CacheSection:
         return CacheSection(decision=decision, reason=reason, mode=mode, domain=domain, threshold=threshold,
                             candidate_id=candidate_id, similarity=None if similarity is None else round(similarity, 4),
                             gate=gate_checks or {}, answer=answer, policy_version=self.policy.version,
+                            verifier_p=None if verifier_p is None else round(verifier_p, 4),
+                            verifier_revision=self.verifier.revision if self.verifier else None,
                             embedding_revision=self.embedder.revision)
 
     # ---- write-back and invalidation (applied from the control topic) -----------------------

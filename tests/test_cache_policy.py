@@ -117,7 +117,7 @@ def test_gate_skips_the_analysis_when_numbers_or_entities_already_differ(analyze
     assert seen == [] and words == [], "no analysis, no word embeddings"
     v = gate("Reply yes (order 5 abcd)", "Reply yes (order 5 efgh)", counting, sims, RULES)
     assert len(seen) == 2 and set(v.checks) == {"numbers", "entities", "relations", "question", "negation",
-                                                "content_words"}
+                                                "roles", "content_words"}
 
 
 def test_gate_refuses_a_different_action_or_added_specific_detail(analyze):
@@ -263,3 +263,53 @@ def test_a_long_prompt_is_compared_on_its_question_too(analyze):
     same = gate(context + "How can ownership of the workspace be transferred to me?",
                 context + "How can ownership of the workspace be transferred to me?", analyze, lexical, RULES)
     assert same.passed and same.checks["ask"] is True
+
+
+@pytest.mark.parametrize("a,b,swapped", [
+    ("Can I move money from my savings to checking?", "Can I move money from my checking to savings?", True),
+    ("I paid in cash but the receipt says card", "I paid by card but the receipt says cash", True),
+    ("부산에서 서울로 보내면 며칠 걸려요?", "서울에서 부산으로 보내면 며칠 걸려요?", True),
+    ("할부로 산 거 일시불로 바꿀 수 있어요?", "일시불로 산 거 할부로 바꿀 수 있어요?", True),
+    # word order and compounds are not swaps
+    ("내일까지 서울로 배송 가능한가요?", "서울로 내일까지 배송 가능한가요?", False),
+    ("How do I export contacts from Gmail?", "export my gmail contacts", False),
+    ("Excel: how do I freeze the top row?", "freeze the first row in excel", False),
+])
+def test_two_words_that_trade_roles_are_another_question(analyze, a, b, swapped):
+    from pipeline.stages.cache.gate import normalise, roles_swapped
+
+    assert roles_swapped(a, b, analyze(normalise(a)), analyze(normalise(b))) is swapped
+
+
+@pytest.mark.parametrize("a,b,same", [
+    ("Can I split one payment across two cards?", "How do I split one payment across two cards?", False),
+    ("수면제 매일 먹어도 돼요?", "수면제 몇 알 먹어야 돼요?", False),  # whether / how many
+    ("해외결제 수수료 얼마예요?", "해외결제 수수료 왜 붙어요?", False),  # a cause on one side only
+    ("편두통 왜 생겨요?", "편두통 생기면 뭐 먹어야 돼요?", False),
+    ("Can I exercise with a cold?", "Is it ok to work out when I have a cold?", True),  # a conditional "when"
+    ("배송지 변경 어케해요?", "배송지 변경은 어떻게 하나요?", True),
+])
+def test_whether_is_not_how_and_a_cause_is_asked_on_both_sides(a, b, same):
+    assert same_question(question_kinds(a), question_kinds(b)) is same
+
+
+def test_relations_and_opposite_prefixes():
+    from pipeline.stages.cache.gate import opposite_prefixed, relations
+
+    assert relations("Do kids under 5 get in free?") != relations("Do kids over 5 get in free?")
+    assert relations("이 약 밥 먹기 전에 먹어요?") != relations("이 약 밥 먹고 나서 먹어요?")
+    assert relations("How do I opt in to promos?") != relations("How do I opt out of promos?")
+    assert opposite_prefixed("계정 공개로 바꾸는 방법", "계정 비공개로 바꾸는 방법")
+    assert opposite_prefixed("비회원 주문 조회", "회원 주문 조회")
+    assert not opposite_prefixed("비밀번호 바꾸는 법", "비밀번호 변경 방법")
+    assert not opposite_prefixed("미국 배송", "미국으로 배송")
+
+
+@pytest.mark.parametrize("text,volatile", [
+    ("What is it now?", True), ("I know the answer", False), ("Is it snowing in Seoul?", False),
+    ("How many seats are left for Saturday's show?", True), ("Has my refund been processed yet?", True),
+    ("독감 백신 아직 남아있나요?", True), ("상담원 연결 대기 몇 명 남았어요?", True),
+    ("Can I still change the delivery address?", False), ("Why did my payment get declined?", False),
+])
+def test_volatile_words_match_as_words(text, volatile):
+    assert (bypass_reason(doc(text), POLICY, "faq") == "volatile_keyword") is volatile

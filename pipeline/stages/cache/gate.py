@@ -32,6 +32,7 @@ from pipeline.stages.cache.lexicon import (
     CLAUSE_BREAK,
     EN_NUMBER,
     KO_NATIVE,
+    KO_OPPOSITE_PREFIX,
     KO_UNIT,
     NEGATION_EN,
     NEGATION_KO,
@@ -39,26 +40,47 @@ from pipeline.stages.cache.lexicon import (
     QUESTION_KIND_OVERLAP,
     QUESTION_KINDS,
     QUESTION_KINDS_BOTH,
+    RELATIONS,
     SPECIFIC,
     SPECIFIC_KO,
     STOP_EN,
     STOP_KO,
     SYNONYMS,
     TIME_UNITS_H,
+    WH_EN,
+    WH_KO,
+    YES_NO_EN,
 )
 from pipeline.stages.cache.policy import PLACEHOLDER, CachePolicy
 
-# relations that spaCy does not count as content words but that change the question
-RELATIONS_EN = frozenset({"before", "after", "without", "until", "with"})
+# relations that the analysers do not count as content words but that change the question, by
+# what they mean: "before" / 전에, "more" / "over" / 이상 ... (lexicon.RELATIONS)
 LONG_PROMPT = 200  # characters: a prompt this long is context + ask, and the asks are compared alone
 
 
 def _same_relations(query: str, candidate: str) -> bool:
     """Both prompts relate things, and by other words ("after I started" / "before I started"); a
     relation on one side only is rewording ("after ordering" / "I already placed the order")."""
-    q = set(re.findall(r"[a-z]+", query.lower())) & RELATIONS_EN
-    c = set(re.findall(r"[a-z]+", candidate.lower())) & RELATIONS_EN
+    q, c = relations(query), relations(candidate)
     return not (q and c) or q == c
+
+
+def opposite_prefixed(query: str, candidate: str) -> bool:
+    """One prompt has 비공개 / 미결제 / 불포함 where the other has 공개 / 결제 / 포함 (KO_OPPOSITE_PREFIX)."""
+    def one_way(a: str, b: str) -> bool:
+        for m in re.finditer(r"(?<![가-힣])(" + "|".join(KO_OPPOSITE_PREFIX) + r")([가-힣]{2,})", a):
+            word = m.group(1) + m.group(2)
+            stems = {m.group(2)[:k] for k in range(2, len(m.group(2)) + 1)}
+            if word[:3] not in b and any(re.search(rf"(?<![가-힣]){re.escape(st)}", b) for st in stems):
+                return True
+        return False
+
+    return one_way(query, candidate) or one_way(candidate, query)
+
+
+def relations(text: str) -> frozenset[str]:
+    lowered = text.lower()
+    return frozenset(name for name, pats in RELATIONS.items() if any(re.search(p, lowered) for p in pats))
 
 
 def numbers(text: str) -> set[str]:
@@ -91,22 +113,51 @@ def negated(text: str, analysis: Analysis | None = None) -> bool:
             or (analysis is not None and any(t.kind == "neg" for t in analysis.tokens)))
 
 
+def yes_no(text: str) -> bool:
+    """Does the prompt ask only whether (YES_NO_EN, WH_KO)?"""
+    lowered = text.lower().strip()
+    if not lowered.endswith("?") and not re.match(YES_NO_EN, lowered):
+        return False
+    if re.search(r"[가-힣]", lowered):
+        return not any(w in lowered for w in WH_KO)
+    # an auxiliary first asks whether ("is it ok to work out when I have a cold?"), unless it wraps
+    # another question ("do you know where my order is?", "can you tell me why ...")
+    return bool(re.match(YES_NO_EN, lowered)) and not re.search(r"\b(?:know|tell me|explain|show me)\b.*" + WH_EN,
+                                                                    lowered)
+
+
 def question_kinds(text: str) -> frozenset[str]:
+    """The kinds of answer asked for (QUESTION_KINDS), or "yes_no" for a question that only asks whether."""
     lowered = text.lower()
-    return frozenset(k for k, pats in QUESTION_KINDS.items() if any(re.search(p, lowered) for p in pats))
+    kinds = frozenset(k for k, pats in QUESTION_KINDS.items() if any(re.search(p, lowered) for p in pats))
+    if kinds:
+        return kinds
+    if yes_no(text):
+        return frozenset({"yes_no"})
+    if re.search(WH_EN, lowered) or any(w in lowered for w in WH_KO):
+        return frozenset({"other"})
+    return kinds  # a statement ("my battery drains fast"): it asks nothing in particular
 
 
 def same_question(a: frozenset[str], b: frozenset[str]) -> bool:
-    """Do two prompts ask for the same kind of answer? (QUESTION_KINDS)"""
+    """Do two prompts ask for the same kind of answer? (QUESTION_KINDS; "whether" is not "where")"""
+    if ("yes_no" in a) != ("yes_no" in b) and (a - {"yes_no"} or b - {"yes_no"}):
+        return False
     def widen(kinds: frozenset[str]) -> set[str]:
         return set(kinds).union(*(QUESTION_KIND_OVERLAP.get(k, set()) for k in kinds))
 
     if a and b and not (widen(a) & widen(b)):
         return False
-    for kind in QUESTION_KINDS_BOTH:  # a price or a person on one side: the other must ask it too
-        if (kind in a) != (kind in b) and kind not in widen(b if kind in a else a):
+    for kind in QUESTION_KINDS_BOTH:  # a price, a person or a cause on one side: the other must ask it too
+        other = b if kind in a else a
+        if (kind in a) != (kind in b) and other and kind not in _widen_strict(other):
             return False
     return True
+
+
+def _widen_strict(kinds: frozenset[str]) -> set[str]:
+    """The kinds a prompt's kinds answer, without "other" (a bare what/which does not ask a price)."""
+    return set(kinds).union(*(QUESTION_KIND_OVERLAP.get(k, set()) for k in kinds if k != "other"))
 
 
 def clauses(text: str) -> list[str]:
@@ -258,6 +309,64 @@ def alternatives(text: str, analyze: Callable[[str], Analysis]) -> list[tuple[st
     return out
 
 
+_DETERMINERS = frozenset({"the", "a", "an", "my", "your", "our", "his", "her", "their", "this", "that", "its",
+                          "some", "any", "all", "every", "each", "both"})
+
+
+_PREPOSITIONS = frozenset({"from", "to", "into", "onto", "as", "by", "in", "on", "at", "for", "via", "than", "with",
+                           "over", "under", "of"})
+
+
+def _roles(text: str, analysis: Analysis) -> dict[str, tuple[str, int, str]]:
+    """Each word that occurs once -> (the word that marks its role, position, what follows). English:
+    the word before it, past determiners ("from my savings" -> from); Korean: the particle on its
+    어절 (부산에서 -> 에서) and the next 어절 (할부로 산 / 일시불로 바꿀: one particle, two roles)."""
+    out: dict[str, tuple[str, int, str]] = {}
+    if re.search(r"[가-힣]", text):
+        nouns = {t.surface for t in analysis.tokens if t.kind in ("noun", "name") and re.match(r"[가-힣]", t.surface)}
+        eojeols = re.findall(r"[가-힣A-Za-z0-9]+", text)
+        for i, e in enumerate(eojeols):
+            stem = max((n for n in nouns if e.startswith(n) and len(n) < len(e)), key=len, default="")
+            if stem and sum(x.startswith(stem) for x in eojeols) == 1:
+                out[stem] = (e[len(stem):], i, eojeols[i + 1] if i + 1 < len(eojeols) else "")
+        return out
+    nouns = {t.surface for t in analysis.tokens if t.kind in ("noun", "name")}
+    words = re.findall(r"[A-Za-z0-9']+", text)
+    lowered = [w.lower() for w in words]
+    for i, (w, lw) in enumerate(zip(words, lowered)):
+        if lowered.count(lw) != 1 or lw in _DETERMINERS or (lw in STOP_EN and not w.isupper()):
+            continue
+        j = i - 1
+        while j >= 0 and lowered[j] in _DETERMINERS:
+            j -= 1
+        marker = lowered[j] if j >= 0 else "^"  # "^": it opens the prompt ("My fever went away")
+        if lw in nouns or marker in _PREPOSITIONS:  # the tagger calls "checking" a verb after "to"
+            out[lw] = (marker, i, "")
+    return out
+
+
+def roles_swapped(query: str, candidate: str, qa: Analysis, ca: Analysis) -> bool:
+    """Two nouns trade places and roles: "from my savings to checking" / "from my checking to
+    savings", 부산에서 서울로 / 서울에서 부산으로, "paid in cash, the receipt says card" / "paid by
+    card, the receipt says cash": x takes the marker y had, and loses its own to a word that is not
+    one of the shared nouns (a compound, "export my gmail contacts", is not a swap). Word order
+    alone is not a swap: the marker moves with its word."""
+    q, c = _roles(query, qa), _roles(candidate, ca)
+    both = [w for w in q if w in c]
+    for x in both:
+        for y in both:
+            if x == y:
+                continue
+            (qmx, qpx, qnx), (qmy, qpy, qny) = q[x], q[y]
+            (cmx, cpx, cnx), (cmy, cpy, cny) = c[x], c[y]
+            if qmx == qmy:  # one marker for both: what follows tells the roles apart
+                qmx, qmy, cmx, cmy = qmx + "|" + qnx, qmy + "|" + qny, cmx + "|" + cnx, cmy + "|" + cny
+            if (qmx == cmy and qmx not in ("^", *both) and qmx != cmx and cmx not in both
+                    and (qpx < qpy) != (cpx < cpy)):
+                return True
+    return False
+
+
 def asks(text: str) -> str:
     """A long prompt's last sentence: the question it asks about the context before it."""
     parts = [p for p in re.split(r"(?<=[.?!])\s+|\n+", text.strip()) if p.strip()]
@@ -311,7 +420,7 @@ def gate(query: str, candidate: str, analyze: Callable[[str], Analysis], word_si
     checks = {
         "numbers": numbers(query) == numbers(candidate),
         "entities": set(PLACEHOLDER.findall(query)) == set(PLACEHOLDER.findall(candidate)),
-        "relations": _same_relations(query, candidate),
+        "relations": _same_relations(query, candidate) and not opposite_prefixed(query, candidate),
     }
     if not all(checks.values()):
         failed = [k for k, ok in checks.items() if not ok]
@@ -322,6 +431,7 @@ def gate(query: str, candidate: str, analyze: Callable[[str], Analysis], word_si
     checks["negation"] = q_negated == c_negated
     if q_negated and c_negated:
         checks["negation_scope"] = not negation_moved(query, candidate, analyze, rules)
+    checks["roles"] = not roles_swapped(query, candidate, qa, ca)
     q_alt, c_alt = alternatives(query, analyze), alternatives(candidate, analyze)
     if q_alt and c_alt:  # the same two things, set against each other the other way round
         checks["order"] = not any(rules.same_word(x, y2) and rules.same_word(y, x2) and not rules.same_word(x, y)

@@ -20,6 +20,27 @@ CLAUSE_BREAK = (r"[,;.!?]|\b(?:but|and|or|while|whereas|although|though|yet)\b"
 # not 일시불 말고 할부). Matched on the lower-cased text.
 ALTERNATIVE = r"\binstead of\b|\brather than\b|\bbut not\b|(?<=[가-힣])\s?(?:말고|대신에?|아니라|보다)(?=\s)"
 
+# Relations between things, by meaning: both prompts relate, and by different ones -> another
+# question ("after I started" / "before I started", "orders over $50" / "under $50", 먹기 전에 /
+# 먹고 나서). A relation on one side only is rewording. Matched on the lower-cased text.
+RELATIONS: dict[str, tuple[str, ...]] = {
+    "before": (r"\bbefore\b", r"\bprior to\b", r"\bearlier than\b", r"(?<=[가-힣]) ?전에", "이전에", "먼저", "미리"),
+    "after": (r"\bafter\b", r"\blater than\b", r"(?<=[가-힣]) ?후에", "이후", "나서", "나중에", "다음에"),
+    "with": (r"\bwith\b",),
+    "without": (r"\bwithout\b", "없이"),
+    "until": (r"\buntil\b", r"\btill\b"),
+    "more": (r"\bover\b", r"\babove\b", r"\bmore than\b", r"\bat least\b", r"\bolder than\b", "이상", "초과"),
+    "less": (r"\bunder\b", r"\bbelow\b", r"\bless than\b", r"\bat most\b", r"\byounger than\b", "이하", "미만"),
+    "better": (r"\bbetter\b", r"\bimprov", "좋아지", "좋아져", "나아지", "나아져", "호전"),
+    "worse": (r"\bworse\b", r"\bworsen", "나빠지", "나빠져", "심해지", "심해져", "악화"),
+    "in": (r"\bopt(?:ing|ed)? in\b", r"\bopt-in\b"),
+    "out": (r"\bopt(?:ing|ed)? out\b", r"\bopt-out\b"),
+}
+
+# Korean prefixes that turn a noun into its opposite: 비공개 / 공개, 미결제 / 결제, 불포함 / 포함,
+# 무선 / 유선 is a pair of its own (SPECIFIC_KO)
+KO_OPPOSITE_PREFIX = ("비", "미", "불", "무")
+
 # Units a quantity is counted in, as hours (time) or as themselves: "3주" is not "3일", and
 # "14일" is "2주", "48 hours" is "two days". Korean units follow the number directly or after a space.
 TIME_UNITS_H = {"시간": 1, "일": 24, "주": 168, "주일": 168, "개월": 720, "달": 720, "년": 8760,
@@ -35,19 +56,35 @@ TIME_UNITS_H = {"시간": 1, "일": 24, "주": 168, "주일": 168, "개월": 720
 QUESTION_KINDS: dict[str, tuple[str, ...]] = {
     "amount": (r"\bhow much\b", r"\bcosts?\b", r"\bprice\b", r"\bfees?\b", "비용", "가격", "요금", "수수료",
                "(?:배송|택배|배달|운송|반품|교환|수리|설치|교통|관리|이용|회|연회|등록|수강|진료|입장|주차)비"),
-    "count": (r"\bhow many\b", r"몇\s?(?:개|명|번|장|대|권)"),
+    "count": (r"\bhow many\b", r"몇\s?(?:개|명|번|장|대|권|알|정|회|잔|병|살|층|차|박|군데|가지)"),
     "duration": (r"\bhow long\b", r"며칠(?:이나)? 걸", "몇 시간"),
     "frequency": (r"\bhow often\b", "얼마나 자주", "몇 번마다"),
     "quantity": ("얼마",),
-    "time": (r"\bwhen\b", r"\bwhat time\b", r"\bhow soon\b", "언제", r"몇\s?시(?!간)"),
+    # "when" asks a time at the start or before an auxiliary, not in "is it ok when I have a cold"
+    "time": (r"^\W*when\b", r"\bwhen (?:will|would|do|does|did|is|are|was|can|could|should|shall)\b", r"\bwhat time\b", r"\bhow soon\b", "언제", r"몇\s?시(?!간)"),
     "place": (r"\bwhere\b", "어디"),
-    "reason": (r"\bwhy\b", r"\bhow come\b", "왜"),
+    "reason": (r"\bwhy\b", r"\bhow come\b", r"\bwhat causes\b", "왜", "이유", "원인"),
+    # how to do it: the steps (a place answers it too: "where do I download it" / "how do I get it")
+    "method": (r"\bhow (?:do|can|could|should|would|to|does)\b", r"\bwhat(?:'s| is) the (?:best )?way\b",
+               r"\bsteps? to\b", "어떻게", "어떡", "어케", "방법", r"(?<=[가-힣])는 ?법\b", "하는 법", "절차"),
     "person": (r"\bwho\b", r"\bwhom\b", "누가", "누구"),
 }
 # kinds that answer each other: Korean 얼마 is how much, how long or how many
-QUESTION_KIND_OVERLAP = {"quantity": {"amount", "count", "duration", "frequency"}}
-# kinds that must be asked on both sides or neither
-QUESTION_KINDS_BOTH = ("amount", "person")
+QUESTION_KIND_OVERLAP = {"quantity": {"amount", "count", "duration", "frequency"}, "method": {"place"},
+                         "place": {"method"},
+                         # a question word no kind names (what, which, 뭐, 어느): any kind but whether
+                         "other": {"amount", "count", "duration", "frequency", "quantity", "time", "place", "reason",
+                                   "person", "method"}}
+# A yes/no question: it asks whether, not when, where or how much. A kind asked on one side while
+# the other only asks whether is another question ("do I have to verify again after changing my
+# number?" / "where do I change my number?"). English: an auxiliary first; Korean: a question with
+# no question word (the kinds above, and 어떻게 / 뭐 / 무슨 / 어느 / 어떤).
+YES_NO_EN = r"^\W*(?:can|could|do|does|did|is|are|was|were|will|would|should|shall|may|must|have|has|am)\b"
+WH_KO = ("언제", "어디", "왜", "누가", "누구", "얼마", "몇", "며칠", "어떻게", "어떡", "어케", "뭐", "무엇", "무슨", "어느", "어떤")
+WH_EN = r"\b(?:what|when|where|why|who|whom|which|how)\b"
+# kinds that must be asked on both sides or neither (when the other side asks anything): a price,
+# a person, a cause ("why is it charged?" / "how much is it?")
+QUESTION_KINDS_BOTH = ("amount", "person", "reason")
 
 STOP_EN = {
     "a", "an", "the", "i", "me", "my", "mine", "you", "your", "we", "our", "us", "it", "its", "is", "are", "was",

@@ -14,6 +14,7 @@ from __future__ import annotations
 import hashlib
 import re
 from dataclasses import dataclass
+from functools import lru_cache
 from typing import Literal
 
 from pydantic import BaseModel, Field
@@ -56,14 +57,31 @@ class CachePolicy(BaseModel):
     # model name -> revision, prompt template revision: the cache boundary for "which model answered"
     model_revisions: dict[str, str] = Field(default_factory=lambda: {"default": "default@r1"})
     prompt_revision: str = "prompt@r1"
-    # live data the answer would go stale on: requests mentioning these bypass the cache
-    # (matched as lower-case substrings; a bypass is always safe, a stale hit is not)
+    # live data the answer would go stale on: requests mentioning these bypass the cache (a bypass is
+    # always safe, a stale hit is not). Plain English words match as whole words ("now" is not in
+    # "know"); anything else as a lower-case substring. Grouped by what goes stale.
     volatile_keywords: list[str] = Field(default_factory=lambda: [
-        "balance", "my order", "where is my", "status of my", "tracking", "today's", "right now", "current",
-        "at the moment", "latest", "live ", "real-time", "realtime", "tonight", "this morning", "exchange rate",
-        "stock price", "share price", "weather", "forecast", "outage", " down?", "is it down",
-        "잔액", "잔고", "배송 조회", "배송조회", "주문 상태", "지금", "오늘", "현재", "실시간", "요즘", "최신", "환율",
-        "주가", "시세", "날씨", "장애"])
+        # time words that anchor the question to the moment it is asked
+        "today", "today's", "tonight", "this morning", "this afternoon", "this evening", "right now", "now",
+        "currently", "current", "at the moment", "at this moment", "as of", "so far", "latest", "live ",
+        "real-time", "realtime", "these days", "this week", "this weekend", "yet", "on time",
+        "still open", "still have", "still available", "still in stock", "still down", "still running",
+        "지금", "오늘", "현재", "실시간", "요즘", "최신", "이 시각", "방금", "아직", "이번 주",
+        # the caller's own live state ("has my refund gone through", 제 주문 배송 출발했어요?)
+        "balance", "my order", "where is my", "status of my", "tracking",
+        "잔액", "잔고", "배송 조회", "배송조회", "주문 상태", "어디쯤", "현황", "제 주문", "내 주문", "제 환불",
+        "내 환불", "제 택배", "내 택배", "처리됐", "처리 됐", "끝났나",
+        # prices, rates and markets
+        "exchange rate", "interest rate", "stock price", "share price", "trading at", "환율", "주가", "시세",
+        "금리", "이율",
+        # outages and service state
+        "outage", " down?", "is it down", "down right", "running late", "delayed", "maintenance", "장애", "먹통",
+        "점검 중", "지연",
+        # stock, queues and crowds
+        "in stock", "sold out", "wait time", "waiting time", "queue", "crowded", "seats left", "left?", "are left", "is left", "left for",
+        "재고", "품절", "대기", "혼잡", "붐비", "남은 좌석", "남아 있", "남아있",
+        # conditions outside
+        "weather", "forecast", "traffic", "pollen", "air quality", "날씨", "미세먼지", "교통", "꽃가루"])
     # masked PII means the answer is about a person: personal, never shared
     cache_masked_entities: bool = False
     top_k: int = 5
@@ -173,6 +191,18 @@ def boundary_for(doc: RequestDoc, policy: CachePolicy, domain: str, embedding_re
 PLACEHOLDER = re.compile(r"<[A-Z_]+_\d+>")
 
 
+@lru_cache(maxsize=8)
+def _volatile_pattern(keywords: tuple[str, ...]) -> re.Pattern[str]:
+    parts = [rf"\b{re.escape(k)}\b" if re.fullmatch(r"[a-z][a-z' ]*[a-z]", k) else re.escape(k) for k in keywords]
+    return re.compile("|".join(parts) or r"(?!)")
+
+
+def volatile_match(text: str, keywords: tuple[str, ...]) -> str | None:
+    """The first volatile keyword in the text (CachePolicy.volatile_keywords), or None."""
+    m = _volatile_pattern(keywords).search(text.lower())
+    return m.group(0) if m else None
+
+
 def bypass_reason(doc: RequestDoc, policy: CachePolicy, domain: str) -> str | None:
     """Why this request may neither be served from nor written to the cache (None: it may)."""
     ctx = doc.context
@@ -200,8 +230,7 @@ def bypass_reason(doc: RequestDoc, policy: CachePolicy, domain: str) -> str | No
     rule = policy.domains.get(domain)
     if rule is None or rule.threshold is None:
         return f"domain_not_cached:{domain}"
-    lowered = text.lower()
-    if any(k in lowered for k in policy.volatile_keywords):
+    if volatile_match(text, tuple(policy.volatile_keywords)):
         return "volatile_keyword"
     if doc.body.temperature is not None and doc.body.temperature > 0 and doc.body.seed is None:
         return None  # sampling is fine: a cached answer is one valid sample

@@ -45,6 +45,23 @@ def test_held_out_recall_and_false_positives_are_reported_above_a_floor(masker):
     assert all(set(m) == {"type", "lang"} for m in report["misses"])
 
 
+def test_the_second_held_out_set_is_measured_and_held_at_a_floor(masker):
+    """pii_unseen2.jsonl (written apart, 2026-12-03): measured before and once after the change it
+    judged, reported in the notes; the targets are not met on it (PERSON 0.80, false positives 17 %),
+    so this only catches a regression below what was measured."""
+    report = evaluate(masker, read_sentences(DATA / "pii_unseen2.jsonl"))
+    print("held-out 2:", {k: v["recall"] for k, v in report["recall"].items()}, report["false_positive_rate"])
+    assert report["recall"]["PERSON"]["recall"] >= 0.78
+    assert all(v["recall"] >= 0.9 for k, v in report["recall"].items() if k != "PERSON")
+    assert report["false_positive_rate"] <= 0.2
+
+
+def test_the_training_set_is_held_where_it_was_tuned(masker):
+    report = evaluate(masker, read_sentences(DATA / "pii_train2.jsonl"))
+    assert all(v["recall"] >= 0.93 for v in report["recall"].values()), report["recall"]
+    assert report["false_positive_rate"] <= 0.08
+
+
 def test_the_development_set_is_masked_in_full_with_no_false_positive(masker):
     report = evaluate(masker, read_sentences(DATA / "pii_dev.jsonl"))
     assert report["recall_overall"] == 1.0, report["misses"]
@@ -70,6 +87,15 @@ def test_the_development_set_is_masked_in_full_with_no_false_positive(masker):
     ("Ship to 1420 Maple Grove Road, Portland, OR 97205", "1420 Maple Grove Road, Portland, OR 97205"),
     ("경기도 성남시 분당구 정자동 178-1 로 보내 주세요", "경기도 성남시 분당구 정자동 178-1"),
     ("Adresse: Hauptstraße 5, 10115 Berlin", "Hauptstraße 5, 10115 Berlin"),
+    # 2026-12-03, tuned on pii_train2.jsonl
+    ("민준아, 내일 보자", "민준"), ("ㅋㅋ 예린이 또 늦음", "예린"), ("박 팀장님이 휴가예요", "박"),
+    ("마이클 스미스 씨가 주문한 상품", "마이클 스미스"), ("서버에 연태호 계정으로 접속", "연태호"),
+    ("배송지: 부산광역시 해운대구 우동 1408-5 센텀파크 103동 2401호", "부산광역시 해운대구 우동 1408-5 센텀파크 103동 2401호"),
+    ("Send it to Oudegracht 233bis, 3511 NS Utrecht please", "Oudegracht 233bis, 3511 NS Utrecht"),
+    ("office: 42 boulevard Haussmann, 4e étage, 75009 Paris;", "42 boulevard Haussmann, 4e étage, 75009 Paris"),
+    ("Can Elif sign for the parcel?", "Elif"), ("hi mohammed, the wifi changed", "mohammed"),
+    ("Please ship it to Femke de Graaf today", "Femke de Graaf"), ("Mobile for Karthik Ramaswamy is", "Karthik Ramaswamy"),
+    ("Typed it as 4716.3902.5518.8478 because", "4716.3902.5518.8478"), ("old Visa 4024 0071 8813 5", "4024 0071 8813 5"),
 ])
 def test_each_rule_masks_its_case(masker, text, value):
     masked = masker.mask([text]).texts[0]
@@ -81,6 +107,8 @@ def test_each_rule_masks_its_case(masker, text, value):
     "order 1234567890 shipped", "배송지를 바꾸고 싶어요", "이번주 최저가로 샀어요", "담당 부서로 전달했습니다",
     "본인 인증을 했어요", "Will the May update grant access?", "Email support for firmware 3.11.207",
     "Lieferadresse: bitte ändern", "2 hours on the road", "zzqbroken zzqbroken",
+    "부모님 성함을 적어 주세요", "원장 선생님 말씀이 오늘은 휴진이래요", "윤활유 교체 주기가 어떻게 되나요?",
+    "고깃집 있을까요?", "I'm in Lisbon until Tuesday, then Porto for the weekend.", "order 2024.1101.5533.0001 shipped",
 ])
 def test_identifiers_and_ordinary_words_are_left_alone(masker, text):
     assert masker.mask([text]).texts == [text]

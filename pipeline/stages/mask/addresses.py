@@ -8,6 +8,8 @@ Every repeat is bounded and every alternation anchored on a fixed word, so a sca
 
 from __future__ import annotations
 
+import re
+
 from presidio_analyzer import Pattern
 
 # ---- Korean ------------------------------------------------------------------------------------
@@ -91,5 +93,79 @@ FRENCH_STREET_ADDRESS = Pattern(
     0.6,
 )
 
+# Oudegracht 233bis, 3511 NS Utrecht | Nowy Świat 27/4, 00-029 Warszawa: street + number + a
+# European postcode + city (the postcode is what makes it an address)
+_EU_NAME = r"[A-ZÀ-Ž][\wÀ-ž'-]{1,25}"
+POSTCODE_CITY_STREET = Pattern(
+    "street, number, postcode and city (European)",
+    rf"\b{_EU_NAME}(?:\s{_EU_NAME}){{0,2}}\s\d{{1,4}}[A-Za-z]{{0,3}}(?:[/-][A-Za-z0-9]{{1,4}})?,\s"
+    rf"(?:\d{{4}}\s?[A-Z]{{2}}|\d{{2}}-\d{{3}}|\d{{4}}-\d{{3}}|\d{{4,5}})\s{_EU_NAME}",
+    0.6,
+)
+# 2-4-1 Umeda, Kita-ku, Osaka 530-0001 (Japanese chome-ban-go); 45 Yeonhui-ro 11-gil, Seodaemun-gu
+# (Korean, romanised)
+ROMANISED_EAST_ASIAN_ADDRESS = Pattern(
+    "romanised Japanese or Korean address",
+    r"\b(?:\d{1,2}-\d{1,2}-\d{1,3}\s[A-Z][a-z]{1,20},\s[A-Z][a-z]{1,20}-(?:ku|shi|cho|machi|gun)"
+    r"|\d{1,4}\s[A-Z][a-z]{1,20}-(?:ro|gil|daero)(?:\s\d{1,3}(?:beon)?-gil)?,\s[A-Z][a-z]{1,20}-(?:gu|si|gun))\b",
+    0.6,
+)
+# 210 W 89th St: a numbered street
+NUMBERED_STREET = Pattern(
+    "house number and numbered street",
+    rf"\b\d{{1,6}}\s(?:[NSEW]\.?\s)?\d{{1,3}}(?:st|nd|rd|th)\s(?:{_STREET_TYPES})\b\.?",
+    0.6,
+)
+
 PATTERNS = [KOREAN_ROAD_ADDRESS, KOREAN_LOT_ADDRESS, WESTERN_STREET_ADDRESS, POSTCODED_STREET, PO_BOX,
-            GERMANIC_STREET_ADDRESS, ROMANCE_STREET_ADDRESS, FRENCH_STREET_ADDRESS]
+            GERMANIC_STREET_ADDRESS, ROMANCE_STREET_ADDRESS, FRENCH_STREET_ADDRESS, POSTCODE_CITY_STREET,
+            ROMANISED_EAST_ASIAN_ADDRESS, NUMBERED_STREET]
+
+# ---- growing a found address to its whole ---------------------------------------------------
+# A pattern finds an address's core; the unit, floor, building, postcode, city and region around it
+# are part of it too (a masked street with the flat number left in clear still locates a person).
+# Each piece is tried at the edge of the span only, bounded, and at most _GROW_STEPS times.
+
+_KO_REGION = (r"(?:서울|부산|대구|인천|광주|대전|울산|세종|경기|강원|충북|충남|전북|전남|경북|경남|제주"
+              r"|[가-힣]{2,6}(?:특별시|광역시|특별자치시|특별자치도|도))(?:\s[가-힣]{1,5}시)?\s$")
+_EN_UNIT_BEFORE = r"(?:Apartment|Apt|Suite|Ste|Unit|Flat|Room|Rm)\.?\s?[A-Za-z0-9/-]{1,6},?\s$"
+_LEFT = [re.compile(_KO_REGION), re.compile(_EN_UNIT_BEFORE), re.compile(r"(?:Van|Von|De|La|Le|San|Santa|St\.|Saint)\s$")]
+_RIGHT = [re.compile(p) for p in (
+    # 110동 2003호, 3층 305호, 지하 1층, B동 1701호, 센텀파크 103동 2401호
+    r",?\s?(?:[가-힣A-Za-z]{2,12}\s)?(?:지하\s?)?(?:[A-Za-z]\d{0,4}|\d{1,4})(?:동|층|호)(?:\s?[A-Za-z]?\d{1,5}(?:호|층))?",
+    r"-[A-Z0-9]{1,4}\b|(?<=\d)(?:bis|ter)\b",  # 418-H, 512-II, 233bis
+    r",?\s(?:Suite|Ste|Unit|Apt|Apartment|Flat|Floor|Fl|Room|Bldg|Building|Bât)\.?\s?[A-Za-z0-9/-]{1,6}",
+    # postcode + city: 1017 KH Amsterdam, 00-029 Warszawa, 75009 Paris, 1100-053 Lisboa
+    r",?\s(?:[A-Z]{1,2}-)?\d{2,5}(?:-\d{3,4})?(?:\s?[A-Z]{2})?\s[A-ZÀ-Ž][A-Za-zÀ-ž-]{1,25}",
+    # region and postcode: NSW 2037, ON M5R 2A5, NY 10024, QLD 4007, Co. Cork P24 X2C9, Tokyo 150-0001
+    r",?\s(?:Co\.\s[A-Z][a-z]+|[A-Z]{2,3}|[A-Z][a-z]{2,20})\s(?:\d{3}-\d{4}|\d{4,6}|[A-Z]\d[A-Z]\s?\d[A-Z]\d"
+    r"|[A-Z]\d{2}\s?[A-Z0-9]{4}|[A-Z]{1,2}\d[A-Z\d]?\s?\d[A-Z]{2})\b",
+    r",?\s(?:[A-Z]{1,2}\d[A-Z\d]?\s?\d[A-Z]{2}|\d{4,5}(?:-\d{4})?|\d{3}-\d{4})\b",  # a postcode alone
+    # a floor and door: ", 2º izq.", ", 4e étage", ", 4º 2ª" (after the postcode: ", 75" is not a floor)
+    r",\s?\d{1,2}(?:º|ª|e|er|st|nd|rd|th)(?!\w)(?:\s?\d{1,2}(?:º|ª))?(?:\s(?:izq|dcha|der|Esq|Dto|étage|floor|piso)\.?)?",
+    r"\s(?:izq|dcha|der|Esq|Dto|étage|piso)\b\.?",
+    # a city or district: ", Kadıköy", ", Toronto", ", Victoria Island", ", Kita-ku"
+    r",\s[A-ZÀ-Ž][A-Za-zÀ-ž'.-]{1,25}(?:\s[A-ZÀ-Ž][A-Za-zÀ-ž'.-]{1,25})?(?=[,;.)]|\s(?:\d|[A-Z]{2}\b)|$)",
+    r"\s\d{1,2}(?:º|ª)",  # the door after the floor: 4º 2ª
+)]
+_GROW_STEPS = 6
+
+
+def grow(text: str, start: int, end: int) -> tuple[int, int]:
+    """The span of an address found at [start, end), grown over the pieces around it."""
+    for _ in range(_GROW_STEPS):
+        grown = False
+        for rx in _RIGHT:
+            m = rx.match(text, end)
+            if m and m.end() > end:
+                end, grown = m.end(), True
+                break
+        head = text[max(0, start - 40):start]
+        for rx in _LEFT:
+            m = rx.search(head)
+            if m:
+                start, grown = start - (len(head) - m.start()), True
+                break
+        if not grown:
+            break
+    return start, end

@@ -43,8 +43,10 @@ _ID_CUE = re.compile(
 # row; issuer digits 2-6 (Mastercard's 2-series included) and 9 (Korean domestic cards). Luhn decides.
 CARD = Pattern(
     "payment card",
-    r"(?<![\d-])(?:(?:[2-69]\d{3})([- ])\d{4}\1\d{4}\1\d{4}(?:\1\d{1,3})?|3[47]\d{2}([- ])\d{6}\2\d{5}"
-    r"|3[0689]\d{2}([- ])\d{6}\3\d{4}|[2-69]\d{14,15}|[2-69]\d{18})(?![\d-])",
+    r"(?<![\d-])(?:(?:[2-69]\d{3})([- .])\d{4}\1\d{4}\1\d{4}(?:\1\d{1,3})?|3[47]\d{2}([- ])\d{6}\2\d{5}"
+    r"|3[0689]\d{2}([- ])\d{6}\3\d{4}|[2-69]\d{14,15}|[2-69]\d{18}"
+    # 13-digit Visa 4-4-4-1, 14-digit Diners 2-4-4-4, and both unspaced
+    r"|4\d{3}([- .])\d{4}\4\d{4}\4\d|3[0689]([- ])\d{4}\5\d{4}\5\d{4}|4\d{12}|3[0689]\d{12})(?![\d-])",
     0.5,
 )
 # 3-2-4 with one consistent separator; not inside a longer dashed or dotted number
@@ -86,7 +88,8 @@ class CardRecognizer(FailClosedPatterns, CreditCardRecognizer):
     2-series and 9-prefixed cards, and cards glued to a Korean particle), Luhn-checked by Presidio."""
 
     def __init__(self, supported_language: str) -> None:
-        super().__init__(patterns=[CARD], supported_language=supported_language)
+        super().__init__(patterns=[CARD], supported_language=supported_language,
+                         replacement_pairs=[("-", ""), (" ", ""), (".", "")])  # 4716.3902.5518.8478 too
         self.global_regex_flags = ASCII_BOUNDARIES
 
 

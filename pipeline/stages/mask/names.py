@@ -39,7 +39,7 @@ _TITLES = "고객|선생|과장|부장|대리|사장|팀장|교수|원장|회원
 
 KOREAN_HONORIFIC_NAME = Pattern(
     "korean name before an honorific",
-    rf"(?<![가-힣])(?!(?:{_TITLES})\s?(?:님|씨))(?:{_SURNAMES})[가-힣]{{1,2}}"
+    rf"(?<![가-힣])(?!(?:{_TITLES}|부모|형제|자매|부부|모녀|부자)\s?(?:(?:{_TITLES})\s?)?(?:님|씨))(?:{_SURNAMES})[가-힣]{{1,2}}"
     rf"(?=\s?(?:(?:{_TITLES})\s?)?(?:님|씨(?!앗|름)))",
     0.7,
 )
@@ -72,7 +72,7 @@ _PARTICLES = sorted(
     key=len, reverse=True)
 # a role word that introduces a person: 이름: 김민준, 수령인은 최도윤
 _KO_CUE = re.compile(r"(?:이름|성명|성함|담당자|주문자|수령인|수령자|받는\s?분|받는\s?사람|보내는\s?분|보내는\s?사람|작성자|"
-                     r"신청자|예약자|고객명|대표자|보호자|환자명|명의자|예금주|계좌주|가입자|결제자|구매자|판매자|발신자|"
+                     r"신청자|신청인|환자|접수|확인|근로자|학생|직원|예약자|고객명|대표자|보호자|환자명|명의자|예금주|계좌주|가입자|결제자|구매자|판매자|발신자|"
                      r"수신자|참석자|문의자|요청자|사용자명|아들|딸|남편|아내|부인|엄마|아빠|어머니|아버지|동생|형|누나|"
                      r"오빠|언니|친구|동료|조카|손자|손녀|사위|며느리)\s?(?:[:：=]|은|는|이|가|명)?\s?$")
 # a title or honorific right after a name, as a separate word: 배준영 과장이, 김민준 님
@@ -145,8 +145,9 @@ class KoreanParticleNameRecognizer(EntityRecognizer):
             # the whole word may be a name where a list, a line or the text ends after it, after a role
             # word or before a title, or in a list; before a plain space it is usually a noun + ending
             after, before = text[m.end():m.end() + 1], text[max(0, m.start() - 12):m.start()]
-            whole = (chained or not after or after in ",/·)\n;" or bool(_KO_CUE.search(before))
-                     or bool(_KO_TITLE_AFTER.match(text, m.end())))
+            next_mark = text[m.end():m.end() + 3].lstrip(" ")[:1]
+            whole = (chained or not after or after in ",/·)\n;" or next_mark in ("/", "(", "|", "")
+                     or bool(_KO_CUE.search(before)) or bool(_KO_TITLE_AFTER.match(text, m.end())))
             for stem in self._stems(m.group(), whole):
                 head = stem[:-1]
                 # a common given name after a surname (민+서윤) is a name; a known word (강아지) or a
@@ -196,6 +197,13 @@ def name_lists() -> tuple[frozenset[str], frozenset[str], frozenset[str]]:
 
 
 _LATIN_WORD = re.compile(r"\p{Latin}[\p{Latin}'’-]{1,30}")
+_CAP_WORD = r"\p{Lu}\p{Ll}[\p{Ll}'’-]{1,24}"
+_PARTICLE_NAME = re.compile(rf"\b({_CAP_WORD})(?:\s{_CAP_WORD})?\s(?:de|van|van der|van den|von|der|da|di|del|della|"
+                            rf"dos|das|i|y|bin|al|ibn|Ó|O'|Mac|le|la)\s{_CAP_WORD}\b")
+_CAPITALISED_PAIR = re.compile(rf"(?<![\p{{L}}'’-])({_CAP_WORD})\s({_CAP_WORD})(?![\p{{L}}'’-])")
+_LONE_CAPITALISED = re.compile(rf"(?<![\p{{L}}'’-]|\b(?:the|a|an|The|A|An)\s){_CAP_WORD}(?!\s\p{{Lu}})(?![\p{{L}}'’-])")
+_CHAT_CUED = re.compile(r"(?<=\b(?:hi|hey|hello|yo|ask|tell|call|text|ping|from|with|it's|its|did|and|me,)\s)"
+                        r"([a-zà-ÿ][a-zà-ÿ'-]{1,20}(?:\s[a-zà-ÿ][a-zà-ÿ'-]{1,20}){0,2})")
 
 
 class GazetteerNameRecognizer(EntityRecognizer):
@@ -244,6 +252,42 @@ class GazetteerNameRecognizer(EntityRecognizer):
                 i = j
                 continue
             i += 1
+        return out + self._rare_names(text, first, last)
+
+    @staticmethod
+    def _rare_names(text: str, first: frozenset[str], last: frozenset[str]) -> list[RecognizerResult]:
+        """Names the bigram rule above misses:
+        - family-name particles: Femke de Graaf, Núria Puig i Ferrer, Cormac Ó Briain;
+        - two capitalised words English rarely uses, one of them listed: Karthik Ramaswamy, Tunde Bakare;
+        - one capitalised given name English almost never uses, alone: "Can Elif sign", "Thanks Rahul";
+        - a listed given name in lower-case chat after a cue: "ask jiwoo", "hi mohammed", "me, daniela and kwame"."""
+        from wordfreq import zipf_frequency
+
+        def rare(w: str, below: float) -> bool:
+            return zipf_frequency(w.lower(), "en") < below
+
+        out = []
+        for m in _PARTICLE_NAME.finditer(text):
+            if m.group(1).lower() in first:
+                out.append(RecognizerResult("PERSON", m.start(), m.end(), 0.6))
+        for m in _CAPITALISED_PAIR.finditer(text):
+            a, b = m.group(1), m.group(2)
+            if (a.lower() in first or b.lower() in last or a.lower() in last) and rare(a, 3.5) and rare(b, 3.5):
+                out.append(RecognizerResult("PERSON", m.start(), m.end(), 0.6))
+        for m in _LONE_CAPITALISED.finditer(text):
+            w = m.group()
+            if w.lower() in first and rare(w, 3.5) and not w.isupper():
+                out.append(RecognizerResult("PERSON", m.start(), m.end(), 0.5))
+        for m in _CHAT_CUED.finditer(text):
+            words = m.group(1).split()
+            if words[0] in first and rare(words[0], 4.3):
+                end = m.start(1) + len(words[0])
+                for w in words[1:]:  # ana beatriz ferreira: more listed names follow
+                    if w in first or w in last:
+                        end = text.index(w, end) + len(w)
+                    else:
+                        break
+                out.append(RecognizerResult("PERSON", m.start(1), end, 0.5))
         return out
 
 
@@ -295,6 +339,13 @@ class SpacyPersonRecognizer(EntityRecognizer):
         return (not word[:1].isupper() or after == ":" or (len(word) > 1 and word.isupper())
                 or zipf_frequency(word.lower(), "en") >= SpacyPersonRecognizer.COMMON_WORD_ZIPF)
 
+    @staticmethod
+    def _common_tail(word: str) -> bool:
+        from wordfreq import zipf_frequency
+
+        w = word.lower().strip(".,")
+        return zipf_frequency(w, "en") >= 3.8 and w not in name_lists()[0] and w not in name_lists()[1]
+
     def analyze(self, text: str, entities: list[str], nlp_artifacts: NlpArtifacts | None = None
                 ) -> list[RecognizerResult]:
         if not re.search(r"\p{Latin}", text):
@@ -311,6 +362,10 @@ class SpacyPersonRecognizer(EntityRecognizer):
                 continue  # the small model leans on capitals: in lower case a listed name must confirm it
             if len(ent) == 1 and self._not_a_lone_name(ent.text, text[ent.end_char:ent.end_char + 1]):
                 continue
+            if len(ent) == 1 and ent.text.lower() not in name_lists()[0]:
+                continue  # alone, a name is a given name (a family name comes after a title): Porto, Pixel
+            if len(ent) > 1 and self._common_tail(words[-1]):
+                continue  # Columbus Day, Bill Pay, Lincoln Tunnel, Visa Infinite: a thing named after someone
             start, end = ent.start_char, ent.end_char
             if text[end - 2:end] in ("'s", "’s"):
                 end -= 2

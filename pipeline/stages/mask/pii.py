@@ -24,6 +24,7 @@ from presidio_anonymizer import AnonymizerEngine
 from presidio_anonymizer.entities import OperatorConfig
 from pydantic import BaseModel, Field
 
+from pipeline.stages.mask.addresses import grow
 from pipeline.stages.mask.names import SpacyPersonRecognizer
 from pipeline.stages.mask.recognizers import (
     RECOGNIZERS_REVISION,
@@ -132,6 +133,9 @@ class Masker:
             raise
         except Exception as exc:  # noqa: BLE001 - any recognizer failure: the text must not pass
             raise MaskFailed(f"PII detection failed: {type(exc).__name__}") from exc
+        for r in found:  # an address's unit, postcode and city belong to it
+            if r.entity_type == "LOCATION":
+                r.start, r.end = grow(text, r.start, r.end)
         # the overlaps find an entity twice, or a cut-off piece of it: keep the whole ones
         return EntityRecognizer.remove_duplicates(found)
 

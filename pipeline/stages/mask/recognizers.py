@@ -13,13 +13,13 @@ from __future__ import annotations
 import regex as re
 from presidio_analyzer import EntityRecognizer, Pattern, PatternRecognizer
 
-from pipeline.stages.mask import addresses, ids, names
+from pipeline.stages.mask import addresses, ids, names, names_ko
 from pipeline.stages.mask.failclosed import PATTERN_TIMEOUT_S, FailClosedPatterns, MaskFailed, MaskTimeout
 
 __all__ = ["PATTERN_TIMEOUT_S", "FailClosedPatterns", "MaskFailed", "MaskTimeout", "RECOGNIZERS_REVISION",
            "project_recognizers", "presidio_recognizers"]
 
-RECOGNIZERS_REVISION = "kr-v3"
+RECOGNIZERS_REVISION = "kr-v4"
 
 _CASED = re.DOTALL | re.MULTILINE  # Presidio's default adds IGNORECASE; names and streets need case
 
@@ -42,7 +42,7 @@ def project_recognizers(language: str) -> list[PatternRecognizer]:
                                   **({"global_regex_flags": _CASED} if cased else {}))
 
     return [
-        rec("PERSON", "KoreanNameRecognizer", [names.KOREAN_HONORIFIC_NAME]),
+        rec("PERSON", "KoreanNameRecognizer", [names.KOREAN_HONORIFIC_NAME, names_ko.SURNAME_BEFORE_TITLE]),
         # case matters here: "Dr. Kim" is a name, "dr. said" is not
         rec("PERSON", "TitledNameRecognizer", [names.ENGLISH_TITLED_NAME], cased=True),
         rec("PERSON", "CuedNameRecognizer", [names.ENGLISH_CUED_NAME], cased=True),
@@ -58,6 +58,7 @@ def project_recognizers(language: str) -> list[PatternRecognizer]:
 def model_recognizers(language: str, spacy_model: str | None) -> list[EntityRecognizer]:
     """Recognizers backed by a model: Korean names by particle (Kiwi on demand), English names by NER."""
     out: list[EntityRecognizer] = [names.KoreanParticleNameRecognizer(supported_language=language),
+                                   names_ko.KoreanGivenNameRecognizer(supported_language=language),
                                    names.GazetteerNameRecognizer(supported_language=language)]
     if spacy_model and names.SpacyPersonRecognizer.available(spacy_model):
         out.append(names.SpacyPersonRecognizer(spacy_model, supported_language=language))

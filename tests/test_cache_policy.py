@@ -313,3 +313,40 @@ def test_relations_and_opposite_prefixes():
 ])
 def test_volatile_words_match_as_words(text, volatile):
     assert (bypass_reason(doc(text), POLICY, "faq") == "volatile_keyword") is volatile
+
+
+@pytest.mark.parametrize("a,b,scrambled_", [
+    (["sale", "item", "full", "price", "one"], ["full", "price", "item", "sale", "one"], True),
+    (["email", "link", "multiple", "account"], ["account", "link", "multiple", "email"], True),
+    (["내일", "서울", "배송", "가능"], ["서울", "내일", "배송", "가능"], False),  # one word moved
+    (["lose", "receipt", "return", "day"], ["return", "day", "lose", "receipt"], False),  # one clause moved
+])
+def test_words_in_an_order_no_single_move_gives_are_another_question(a, b, scrambled_):
+    from pipeline.stages.cache.order import scrambled
+
+    assert scrambled(a, b) is scrambled_
+
+
+def test_opposites_double_negation_and_the_speaker_role():
+    from pipeline.stages.cache.gate import negations, opposite_sides
+    from pipeline.stages.cache.order import speaker_role_flipped
+
+    assert opposite_sides("Is autopay on by default?", "Is autopay off by default?")
+    assert opposite_sides("Does the update install automatically?", "Do I have to install the update manually?")
+    assert opposite_sides("적립금 적립은 언제 되나요?", "적립금 사용은 언제 되나요?")
+    assert not opposite_sides("How do I connect the printer wirelessly?", "Connect the printer over wifi")
+    assert negations("There's no way I can't get my money back") != negations("There's no way I can get my money back")
+    assert negations("로그인이 안 돼요") == negations("로그인이 되지 않아요")
+    assert speaker_role_flipped("Can the account owner remove me from the team?", "Can I remove the account owner?")
+    assert speaker_role_flipped("관리자가 나를 팀에서 내보낼 수 있어?", "내가 관리자를 팀에서 내보낼 수 있어?")
+    assert not speaker_role_flipped("How do I reset my password?", "How can I reset my password?")
+
+
+@pytest.mark.parametrize("text,negated", [
+    ("I can't log in", True), ("로그인이 안 돼요", True), ("할부 말고 일시불로", True),
+    ("Ship it to my office instead of home", True), ("안녕하세요, 주문 문의드려요", False),
+    ("How do I reset my password?", False), ("Can I cancel my order?", False),
+])
+def test_negated_prompts_bypass_the_cache_by_default(text, negated):
+    assert (bypass_reason(doc(text), POLICY, "faq") == "negated") is negated
+    assert bypass_reason(doc(text), CachePolicy(serve_negated=True), "faq") != "negated"

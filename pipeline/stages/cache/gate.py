@@ -29,11 +29,13 @@ from dataclasses import dataclass, field
 from pipeline.engines.text_analyzer import Analysis, Token
 from pipeline.stages.cache.lexicon import (
     ALTERNATIVE,
+    ANTONYMS,
     CLAUSE_BREAK,
     EN_NUMBER,
     KO_NATIVE,
     KO_OPPOSITE_PREFIX,
     KO_UNIT,
+    NEGATION_COUNT,
     NEGATION_EN,
     NEGATION_KO,
     PHRASES,
@@ -51,11 +53,22 @@ from pipeline.stages.cache.lexicon import (
     WH_KO,
     YES_NO_EN,
 )
+from pipeline.stages.cache.order import roles_swapped, scrambled, speaker_role_flipped
 from pipeline.stages.cache.policy import PLACEHOLDER, CachePolicy
 
 # relations that the analysers do not count as content words but that change the question, by
 # what they mean: "before" / 전에, "more" / "over" / 이상 ... (lexicon.RELATIONS)
 LONG_PROMPT = 200  # characters: a prompt this long is context + ask, and the asks are compared alone
+
+
+# compiled once: the standard library caches 512 patterns, and the gate's lists hold more (a
+# recompile on every call cost 20 ms per candidate)
+_QK = {k: [re.compile(p) for p in pats] for k, pats in QUESTION_KINDS.items()}
+_REL = {k: [re.compile(p) for p in pats] for k, pats in RELATIONS.items()}
+_ANT = [([re.compile(p) for p in left], [re.compile(p) for p in right]) for left, right in ANTONYMS]
+_NEG = [re.compile(p) for p in NEGATION_COUNT]
+_PHRASES = [(re.compile(p, re.IGNORECASE), w) for p, w in PHRASES]
+_EN_NUMBER = re.compile(r"\b(" + "|".join(EN_NUMBER) + r")\b", re.IGNORECASE)
 
 
 def _same_relations(query: str, candidate: str) -> bool:
@@ -78,9 +91,26 @@ def opposite_prefixed(query: str, candidate: str) -> bool:
     return one_way(query, candidate) or one_way(candidate, query)
 
 
+def negations(text: str) -> int:
+    """How many negations a prompt holds (NEGATION_COUNT): an even number asserts."""
+    lowered = text.lower()
+    return sum(len(p.findall(lowered)) for p in _NEG)
+
+
+def opposite_sides(query: str, candidate: str) -> bool:
+    """One prompt says one side of an ANTONYMS pair and the other prompt only the other side."""
+    q, c = query.lower(), candidate.lower()
+    for left, right in _ANT:
+        ql, qr = any(p.search(q) for p in left), any(p.search(q) for p in right)
+        cl, cr = any(p.search(c) for p in left), any(p.search(c) for p in right)
+        if (ql and not qr and cr and not cl) or (qr and not ql and cl and not cr):
+            return True
+    return False
+
+
 def relations(text: str) -> frozenset[str]:
     lowered = text.lower()
-    return frozenset(name for name, pats in RELATIONS.items() if any(re.search(p, lowered) for p in pats))
+    return frozenset(name for name, pats in _REL.items() if any(p.search(lowered) for p in pats))
 
 
 def numbers(text: str) -> set[str]:
@@ -90,8 +120,7 @@ def numbers(text: str) -> set[str]:
                   lambda m: str(int(float(m.group(1).replace(",", "")) * KO_UNIT[m.group(2)])), text)
     text = re.sub(r"(?<![가-힣])(한|두|세|네|다섯) ?(?=(?:번|개|장|명|달|시간|사람|가지|권|병|잔|대|살)(?![가-힣]{2}))",
                   lambda m: str(KO_NATIVE[m.group(1)]), text)
-    text = re.sub(r"\b(" + "|".join(EN_NUMBER) + r")\b", lambda m: str(EN_NUMBER[m.group(1).lower()]), text,
-                  flags=re.IGNORECASE)
+    text = _EN_NUMBER.sub(lambda m: str(EN_NUMBER[m.group(1).lower()]), text)
     out = set()
     for m in _QUANTITY.finditer(text):
         number = m.group(1).replace(",", "")
@@ -129,7 +158,7 @@ def yes_no(text: str) -> bool:
 def question_kinds(text: str) -> frozenset[str]:
     """The kinds of answer asked for (QUESTION_KINDS), or "yes_no" for a question that only asks whether."""
     lowered = text.lower()
-    kinds = frozenset(k for k, pats in QUESTION_KINDS.items() if any(re.search(p, lowered) for p in pats))
+    kinds = frozenset(k for k, pats in _QK.items() if any(p.search(lowered) for p in pats))
     if kinds:
         return kinds
     if yes_no(text):
@@ -192,8 +221,8 @@ def normalise(text: str) -> str:
     """What the analyser sees: placeholders out (compared on their own), hyphenated words joined,
     multi-word expressions as one word."""
     text = re.sub(r"(?<=\w)-(?=\w)", "", PLACEHOLDER.sub(" ", text))
-    for pattern, word in PHRASES:
-        text = re.sub(pattern, word, text, flags=re.IGNORECASE)
+    for pattern, word in _PHRASES:
+        text = pattern.sub(word, text)
     return text
 
 
@@ -309,64 +338,6 @@ def alternatives(text: str, analyze: Callable[[str], Analysis]) -> list[tuple[st
     return out
 
 
-_DETERMINERS = frozenset({"the", "a", "an", "my", "your", "our", "his", "her", "their", "this", "that", "its",
-                          "some", "any", "all", "every", "each", "both"})
-
-
-_PREPOSITIONS = frozenset({"from", "to", "into", "onto", "as", "by", "in", "on", "at", "for", "via", "than", "with",
-                           "over", "under", "of"})
-
-
-def _roles(text: str, analysis: Analysis) -> dict[str, tuple[str, int, str]]:
-    """Each word that occurs once -> (the word that marks its role, position, what follows). English:
-    the word before it, past determiners ("from my savings" -> from); Korean: the particle on its
-    어절 (부산에서 -> 에서) and the next 어절 (할부로 산 / 일시불로 바꿀: one particle, two roles)."""
-    out: dict[str, tuple[str, int, str]] = {}
-    if re.search(r"[가-힣]", text):
-        nouns = {t.surface for t in analysis.tokens if t.kind in ("noun", "name") and re.match(r"[가-힣]", t.surface)}
-        eojeols = re.findall(r"[가-힣A-Za-z0-9]+", text)
-        for i, e in enumerate(eojeols):
-            stem = max((n for n in nouns if e.startswith(n) and len(n) < len(e)), key=len, default="")
-            if stem and sum(x.startswith(stem) for x in eojeols) == 1:
-                out[stem] = (e[len(stem):], i, eojeols[i + 1] if i + 1 < len(eojeols) else "")
-        return out
-    nouns = {t.surface for t in analysis.tokens if t.kind in ("noun", "name")}
-    words = re.findall(r"[A-Za-z0-9']+", text)
-    lowered = [w.lower() for w in words]
-    for i, (w, lw) in enumerate(zip(words, lowered)):
-        if lowered.count(lw) != 1 or lw in _DETERMINERS or (lw in STOP_EN and not w.isupper()):
-            continue
-        j = i - 1
-        while j >= 0 and lowered[j] in _DETERMINERS:
-            j -= 1
-        marker = lowered[j] if j >= 0 else "^"  # "^": it opens the prompt ("My fever went away")
-        if lw in nouns or marker in _PREPOSITIONS:  # the tagger calls "checking" a verb after "to"
-            out[lw] = (marker, i, "")
-    return out
-
-
-def roles_swapped(query: str, candidate: str, qa: Analysis, ca: Analysis) -> bool:
-    """Two nouns trade places and roles: "from my savings to checking" / "from my checking to
-    savings", 부산에서 서울로 / 서울에서 부산으로, "paid in cash, the receipt says card" / "paid by
-    card, the receipt says cash": x takes the marker y had, and loses its own to a word that is not
-    one of the shared nouns (a compound, "export my gmail contacts", is not a swap). Word order
-    alone is not a swap: the marker moves with its word."""
-    q, c = _roles(query, qa), _roles(candidate, ca)
-    both = [w for w in q if w in c]
-    for x in both:
-        for y in both:
-            if x == y:
-                continue
-            (qmx, qpx, qnx), (qmy, qpy, qny) = q[x], q[y]
-            (cmx, cpx, cnx), (cmy, cpy, cny) = c[x], c[y]
-            if qmx == qmy:  # one marker for both: what follows tells the roles apart
-                qmx, qmy, cmx, cmy = qmx + "|" + qnx, qmy + "|" + qny, cmx + "|" + cnx, cmy + "|" + cny
-            if (qmx == cmy and qmx not in ("^", *both) and qmx != cmx and cmx not in both
-                    and (qpx < qpy) != (cpx < cpy)):
-                return True
-    return False
-
-
 def asks(text: str) -> str:
     """A long prompt's last sentence: the question it asks about the context before it."""
     parts = [p for p in re.split(r"(?<=[.?!])\s+|\n+", text.strip()) if p.strip()]
@@ -420,7 +391,8 @@ def gate(query: str, candidate: str, analyze: Callable[[str], Analysis], word_si
     checks = {
         "numbers": numbers(query) == numbers(candidate),
         "entities": set(PLACEHOLDER.findall(query)) == set(PLACEHOLDER.findall(candidate)),
-        "relations": _same_relations(query, candidate) and not opposite_prefixed(query, candidate),
+        "relations": (_same_relations(query, candidate) and not opposite_prefixed(query, candidate)
+                      and not opposite_sides(query, candidate)),
     }
     if not all(checks.values()):
         failed = [k for k, ok in checks.items() if not ok]
@@ -428,10 +400,14 @@ def gate(query: str, candidate: str, analyze: Callable[[str], Analysis], word_si
     checks["question"] = same_question(question_kinds(query), question_kinds(candidate))
     qa, ca = analyze(normalise(query)), analyze(normalise(candidate))
     q_negated, c_negated = negated(query, qa), negated(candidate, ca)
-    checks["negation"] = q_negated == c_negated
+    checks["negation"] = q_negated == c_negated and negations(query) == negations(candidate)
     if q_negated and c_negated:
         checks["negation_scope"] = not negation_moved(query, candidate, analyze, rules)
-    checks["roles"] = not roles_swapped(query, candidate, qa, ca)
+    # a pure permutation of the same words (no word reworded) that no single move gives: roles traded
+    permuted = sorted(re.findall(r"\w+", query.lower())) == sorted(re.findall(r"\w+", candidate.lower()))
+    checks["roles"] = not roles_swapped(query, candidate, qa, ca) and not speaker_role_flipped(query, candidate) \
+        and not (permuted and scrambled(
+        [t.lemma for t in content_tokens(qa)], [t.lemma for t in content_tokens(ca)]))
     q_alt, c_alt = alternatives(query, analyze), alternatives(candidate, analyze)
     if q_alt and c_alt:  # the same two things, set against each other the other way round
         checks["order"] = not any(rules.same_word(x, y2) and rules.same_word(y, x2) and not rules.same_word(x, y)

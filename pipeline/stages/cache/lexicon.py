@@ -11,6 +11,11 @@ NEGATION_EN = {"not", "no", "never", "without", "cannot", "can't", "won't", "don
 NEGATION_KO = ("안 ", "못 ", "않", "없", "말고", "제외", "아니", "불가", "실패", "안돼", "안되", "안 돼", "못해",
                "지 마", "지마", "지 말", "지말")
 
+# negation words counted one by one: two negations are an assertion ("there's no way I can't get
+# a refund" is not "there's no way I can get a refund"; 안 바꿔도 되는 거 아니에요 / 바꿔도 되는 거 아니에요)
+NEGATION_COUNT = (r"\bnot\b", r"\bno\b", r"\bnever\b", r"n't\b", r"\bcannot\b", r"(?<![가-힣])안\s", r"(?<![가-힣])못\s",
+                  "않", "아니", "없")
+
 # Where a prompt splits into clauses that can be negated apart: "works on A but not on B"
 CLAUSE_BREAK = (r"[,;.!?]|\b(?:but|and|or|while|whereas|although|though|yet)\b"
                 r"|(?<=[가-힣])(?:는데도|는데|지만|으나|고|며|면서)(?=\s)")
@@ -40,6 +45,35 @@ RELATIONS: dict[str, tuple[str, ...]] = {
 # Korean prefixes that turn a noun into its opposite: 비공개 / 공개, 미결제 / 결제, 불포함 / 포함,
 # 무선 / 유선 is a pair of its own (SPECIFIC_KO)
 KO_OPPOSITE_PREFIX = ("비", "미", "불", "무")
+
+# Opposites: one prompt says one side, the other the other side -> another question ("on by
+# default" / "off by default", 자동 / 수동). Matched as lower-case substrings (English words as
+# words); a prompt that names both sides says nothing either way.
+ANTONYMS: list[tuple[tuple[str, ...], tuple[str, ...]]] = [
+    ((r"\bautomatic(?:ally)?\b", "자동"), (r"\bmanual(?:ly)?\b", "수동")),
+    ((r"\bwired\b", r"\bcable\b", "유선"), (r"\bwireless(?:ly)?\b", r"\bwi-?fi\b", "무선")),
+    ((r"\bon by default\b", r"\bturned on\b", r"\bis on\b"), (r"\boff by default\b", r"\bturned off\b", r"\bis off\b")),
+    ((r"\bgo(?:es)? up\b", r"\brises?\b", r"\bincreas", "오르", "올라", "상승", "증가", "늘어"),
+     (r"\bgo(?:es)? down\b", r"\bdrops?\b", r"\bdecreas", "내려", "떨어", "하락", "감소", "줄어")),
+    ((r"\bmore\b", r"\bfaster\b", r"\bhigher\b", "많아", "많이", "빨리", "빠르게", "더 "),
+     (r"\bless\b", r"\bfewer\b", r"\bslower\b", r"\blower\b", "적어", "적게", "느리", "덜 ")),
+    ((r"\bnewest\b", r"\blatest\b", r"\bmost recent\b", "최근", "최신"), (r"\boldest\b", r"\bearliest\b", "오래된")),
+    ((r"\bhighest\b", r"\bmaximum\b", r"\bmax\b", "최대", "최고"), (r"\blowest\b", r"\bminimum\b", r"\bmin\b", "최소", "최저")),
+    ((r"\bmerge", "병합", "합치"), (r"\bsplit", "분리", "나누")),
+    ((r"\bover(?:clock|charg|pa(?:y|id))", ), (r"\bunder(?:clock|charg|pa(?:y|id))",)),
+    ((r"\bencrypt", "암호화하"), (r"\bdecrypt", "암호화 푸", "암호 해제", "암호화 해제")),
+    ((r"\bearn", "적립은", "적립하", "적립이"), (r"\bredeem", r"\bspend", "사용은", "사용하", "사용이")),
+    ((r"\bdeposit", "입금"), (r"\bwithdraw", "출금")),
+    ((r"\bapprov", "승인"), (r"\breject", r"\bdecline", "거절", "반려")),
+    ((r"\bpublic\b", "공개"), (r"\bprivate\b", "비공개")),
+    ((r"\bonline\b", "온라인"), (r"\boffline\b", r"\bin store\b", r"\bin-store\b", "오프라인", "매장")),
+    ((r"\btemporar", "임시", "일시"), (r"\bpermanent", "영구")),
+    ((r"\bfull\b", r"\bentire\b", "전체", "전액"), (r"\bpartial", "일부", "부분")),
+    ((r"\bsubscribe", "구독 신청", "수신하"), (r"\bunsubscribe", "구독 해지", "수신 거부")),
+    ((r"\bsign(?:ed)? up\b", r"\bjoin", "가입"), (r"\bclose my account\b", r"\bdelete my account\b", "탈퇴")),
+    ((r"\bbuy\b", r"\bbought\b", "구매", "샀"), (r"\bsell\b", r"\bsold\b", "판매", "팔")),
+    ((r"\blend\b", r"\blent\b", "빌려주"), (r"\bborrow", "빌리")),
+]
 
 # Units a quantity is counted in, as hours (time) or as themselves: "3주" is not "3일", and
 # "14일" is "2주", "48 hours" is "two days". Korean units follow the number directly or after a space.
@@ -117,7 +151,7 @@ PHRASES = [
 
 KO_NATIVE = {"한": 1, "두": 2, "세": 3, "네": 4, "다섯": 5}
 
-EN_NUMBER = {"two": 2, "three": 3, "four": 4, "five": 5, "six": 6, "seven": 7, "eight": 8, "nine": 9, "ten": 10,
+EN_NUMBER = {"once": 1, "two": 2, "three": 3, "four": 4, "five": 5, "six": 6, "seven": 7, "eight": 8, "nine": 9, "ten": 10,
               "twice": 2, "double": 2, "dozen": 12}
 
 KO_UNIT = {"십": 10, "백": 100, "천": 1_000, "만": 10_000, "억": 100_000_000}

@@ -20,6 +20,7 @@ from typing import Literal
 from pydantic import BaseModel, Field
 
 from pipeline.contracts import RequestDoc
+from pipeline.stages.cache.lexicon import ALTERNATIVE, NEGATION_COUNT, NEGATION_EN, NEGATION_KO
 
 Mode = Literal["on", "shadow", "off"]
 
@@ -84,6 +85,9 @@ class CachePolicy(BaseModel):
         "weather", "forecast", "traffic", "pollen", "air quality", "날씨", "미세먼지", "교통", "꽃가루"])
     # masked PII means the answer is about a person: personal, never shared
     cache_masked_entities: bool = False
+    # negation and contrast ("not", 안/못, "instead of", 말고) were the gate's false hits on three
+    # held-out sets in a row (docs/ARCHITECTURE.md): such prompts bypass the cache unless turned on
+    serve_negated: bool = False
     top_k: int = 5
     word_match: float = Field(0.8, description="cosine at which an unmatched English word counts as paraphrased")
     # the gate's vocabulary, on top of the built-in lists (a deployment's own products and jargon)
@@ -197,6 +201,15 @@ def _volatile_pattern(keywords: tuple[str, ...]) -> re.Pattern[str]:
     return re.compile("|".join(parts) or r"(?!)")
 
 
+_NEGATED = re.compile("|".join([*NEGATION_COUNT, ALTERNATIVE, *(rf"\b{re.escape(w)}\b" for w in NEGATION_EN),
+                                 *(re.escape(k) for k in NEGATION_KO)]))
+
+
+def negated_or_contrasted(text: str) -> bool:
+    """A negation or a contrast anywhere in the prompt (lexicon: NEGATION_*, ALTERNATIVE)."""
+    return _NEGATED.search(text.lower()) is not None
+
+
 def volatile_match(text: str, keywords: tuple[str, ...]) -> str | None:
     """The first volatile keyword in the text (CachePolicy.volatile_keywords), or None."""
     m = _volatile_pattern(keywords).search(text.lower())
@@ -232,6 +245,8 @@ def bypass_reason(doc: RequestDoc, policy: CachePolicy, domain: str) -> str | No
         return f"domain_not_cached:{domain}"
     if volatile_match(text, tuple(policy.volatile_keywords)):
         return "volatile_keyword"
+    if not policy.serve_negated and negated_or_contrasted(text):
+        return "negated"
     if doc.body.temperature is not None and doc.body.temperature > 0 and doc.body.seed is None:
         return None  # sampling is fine: a cached answer is one valid sample
     return None

@@ -2,6 +2,7 @@
 
     .venv/bin/python bench/cache_bench.py            # 10k and 100k entries, both backends (~5 min)
     .venv/bin/python bench/cache_bench.py --quick    # 2k and 10k entries (~1 min)
+    .venv/bin/python bench/cache_bench.py --full     # also the cache's whole lookup path (EdgeIndex)
 
 For each size, a fresh index is filled and then queried, EdgeIndex (qdrant-edge-py, persistent
 shard in a temp dir) and QdrantClientIndex in local mode (qdrant-client path=..., brute force in
@@ -13,6 +14,17 @@ vector i directly while i < that number, afterwards the vector of i mod n plus G
 re-normalised (cosine ~0.9 to its source) - the output says so. qdrant-client local mode takes
 seconds per lookup at 100k, so its query loop stops after --client-budget seconds (>= 5
 queries) and sizes above --client-max entries are skipped; both are printed.
+
+--full adds, per size and on EdgeIndex only, SemanticCache.lookup_many([doc]) end to end: embed,
+search filtered on the 8 boundary fields + expires_ms, threshold, then per candidate above it
+open_entry (AES-GCM), the gate and the calibrated verifier (USE multilingual). The index holds
+entries exactly as put_record writes them (it is called with the vector carried on the request,
+so nothing is re-embedded): 50 tenants, 3 model revisions, domains from the text, sealed prompt +
+answer, created/expires ~20% expired; prompts are the generated ones above (those put_record
+accepts), reworded per copy beyond the first (the entry id hashes the text). Queries: paraphrase-
+like (a live entry's prompt with one wording change, kept when its cosine clears the domain
+threshold, so the gate runs) and unrelated ones (misses), interleaved; p50/p95/p99 per group and
+overall, gate/verifier runs and hits. Result under "full_lookup" in the JSON line.
 
 Prints a rich table, then one JSON line (the last line of stdout).
 """
@@ -42,6 +54,7 @@ from rich.console import Console  # noqa: E402
 from rich.table import Table  # noqa: E402
 
 from bench._common import CpuWindow, pct  # noqa: E402
+from pipeline.contracts import RequestDoc  # noqa: E402
 from pipeline.engines.embedder import Embedder  # noqa: E402
 from pipeline.stores.qdrant_client_index import QdrantClientIndex  # noqa: E402
 from pipeline.stores.qdrant_edge_index import EdgeIndex  # noqa: E402
@@ -199,6 +212,231 @@ def run_one(kind: str, size: int, corpus: Corpus, emb: Embedder, queries: list[t
     return row
 
 
+# ---- --full: the semantic cache's whole lookup path (SemanticCache.lookup_many) ----------------
+
+# model name in the request -> revision: the same 3 revisions as above, queries ask the default one
+FULL_MODELS = {"default": CURRENT_REV, "mini-2024": MODEL_REVS[0], "llama": MODEL_REVS[2]}
+# entry i >= n (the n cacheable generated prompts) stores prompt i mod n reworded by copy number:
+# put_record's entry_id hashes (boundaries, text), so the same text twice would be one entry
+PREFIXES = ["", "Hi, ", "Hello, ", "Quick question: ", "Please help: ", "Hey there, ", "Good morning, "]
+SUFFIXES = ["", " Thanks.", " Thank you!", " Cheers.", " Thanks in advance.", " Any advice helps."]
+# small wording changes for the paraphrase-like queries (first that applies; else the lower-case form)
+REWORDS = [("How do I ", "How can I "), ("What is ", "What's "), ("Can I ", "Could I "), ("Explain ", "Please explain "),
+           ("Where can I find ", "Where do I find "), ("Give me ", "Could you give me "),
+           ("Write a short ", "Please write a short "), ("Summarise ", "Summarize "), ("How long does ", "How long will "),
+           ("what should I do", "what do I do"), ("Is it safe to ", "Is it safe for me to "),
+           ("What happens to ", "What will happen to "), ("Why was I ", "Why have I been "),
+           ("Translate ", "Please translate ")]
+UNRELATED_X = ["autumn leaves", "the Roman aqueducts", "sourdough bread", "volcanoes", "jazz harmony", "chess openings",
+               "the moon landing", "origami cranes", "medieval castles", "honeybees", "black holes", "the Silk Road",
+               "coral reefs", "Greek mythology", "the northern lights", "glaciers", "bonsai trees", "Baroque music",
+               "desert dunes", "ancient Egypt", "thunderstorms", "the printing press", "migrating whales",
+               "mountain lakes", "Viking ships"]
+UNRELATED_FORMS = ["haiku", "limerick", "sonnet", "short poem", "bedtime story", "riddle"]
+UNRELATED_ANIMALS = ["parrot", "tortoise", "goldfish", "hamster", "camel", "falcon", "otter", "wolf", "heron", "lynx"]
+UNRELATED_TEMPLATES = ["Write a {f} about {x}.", "What do {x} and {a}s have in common?", "Tell me a fun fact about {x}.",
+                       "Who first studied {x}?", "Suggest a name for a pet {a} that loves {x}.",
+                       "Explain {x} to a ten-year-old.", "Compare a {a} with a {b} for a school essay."]
+
+
+def variant(text: str, copy: int) -> str:
+    if copy == 0:
+        return text
+    k = copy % (len(PREFIXES) * len(SUFFIXES))
+    pre, suf = PREFIXES[k // len(SUFFIXES)], SUFFIXES[k % len(SUFFIXES)]
+    out = (pre + text[0].lower() + text[1:]) if pre else text
+    out += suf
+    if copy >= len(PREFIXES) * len(SUFFIXES):
+        out += f" (case {copy // (len(PREFIXES) * len(SUFFIXES))})"
+    return out
+
+
+def reword(text: str, how: int) -> str:
+    """A paraphrase-like query from a stored prompt: one wording change (how=0), or lower case
+    without the closing punctuation (how=1)."""
+    if how == 0:
+        for a, b in REWORDS:
+            if a in text:
+                return text.replace(a, b, 1)
+    return text.lower().rstrip("?.!")
+
+
+def unrelated_texts(rng: random.Random, n: int) -> list[str]:
+    seen: set[str] = set()
+    out: list[str] = []
+    for _ in range(50 * n):
+        if len(out) >= n:
+            break
+        a, b = rng.sample(UNRELATED_ANIMALS, 2)
+        s = rng.choice(UNRELATED_TEMPLATES).format(f=rng.choice(UNRELATED_FORMS), x=rng.choice(UNRELATED_X), a=a, b=b)
+        if s not in seen:
+            seen.add(s)
+            out.append(s)
+    return out
+
+
+def full_doc(text: str, tenant: str, model: str, rid: str, vec: np.ndarray | None = None,
+             embed_rev: str | None = None) -> RequestDoc:
+    """A request as the cache stage sees it (cf. eval._doc); with `vec`, carrying the cache stage's
+    embedding of its text, so put_record reuses it instead of embedding."""
+    from pipeline.contracts.request import CacheSection
+    from pipeline.engines.embedder import vector_to_b64
+
+    section = None
+    if vec is not None:
+        section = CacheSection(decision="miss", reason="no_candidate", mode="on", domain="faq", policy_version="bench",
+                               embedding_revision=embed_rev, query_embedding=vector_to_b64(vec))
+    return RequestDoc(request_id=rid, tenant_id=tenant,
+                      body={"messages": [{"role": "user", "content": text}], "model": model}, cache=section)
+
+
+def answer_for(text: str, i: int) -> str:
+    return (f"Thanks for asking ({i}). About \"{text}\": first check the settings page of your account, then follow "
+            f"the steps in the help centre article for this product. If that does not solve it, contact support "
+            f"with your order number and a short description, and we will get back to you within two working days.")
+
+
+def run_full(size: int, base: np.ndarray, texts: list[str], emb: Embedder, n_queries: int, seed: int,
+             workdir: Path) -> dict[str, Any]:
+    """Fill an EdgeIndex with `size` entries as put_record writes them, then time
+    SemanticCache.lookup_many([doc]) for paraphrase-like queries (candidates above the threshold:
+    open_entry, gate, verifier run) and unrelated ones (misses)."""
+    from pipeline.contracts.base import now_ms
+    from pipeline.security.sealing import Keyring
+    from pipeline.stages.cache.policy import CachePolicy, bypass_reason, detect_domain
+    from pipeline.stages.cache.semantic import KEYWORD_FIELDS as CACHE_KEYWORDS
+    from pipeline.stages.cache.semantic import NUMERIC_FIELDS as CACHE_NUMERIC
+    from pipeline.stages.cache.semantic import SemanticCache, put_record
+
+    policy = CachePolicy(model_revisions=FULL_MODELS)
+    keyring = Keyring.ephemeral()
+    rng = np.random.default_rng(seed + size)
+    prng = random.Random(seed + size)
+    now = now_ms()
+    models = list(FULL_MODELS)
+
+    # the generated prompts put_record accepts (it refuses volatile ones: "my order", "delayed", ...)
+    probe = [full_doc(t, TENANTS[0], "default", "probe") for t in texts]
+    pool = [j for j, d in enumerate(probe) if bypass_reason(d, policy, detect_domain(d, policy)) is None]
+    npool = len(pool)
+
+    path = workdir / f"full-{size}"
+    idx = EdgeIndex(path, emb.dim, keyword_fields=CACHE_KEYWORDS, numeric_fields=CACHE_NUMERIC)
+    cache = SemanticCache(idx, emb, policy, keyring)
+    row: dict[str, Any] = {"index": "qdrant-edge", "entries": size, "cacheable_base_texts": npool}
+    targets: list[tuple[str, str, str, np.ndarray]] = []  # live entries under the default model
+    refused = 0
+    try:
+        build_s = load_s = 0.0
+        written = 0
+        batch: list[IndexEntry] = []
+        domains: dict[str, int] = {}
+        for i in range(size):
+            src, copy = pool[i % npool], i // npool
+            vec = base[src]
+            if copy:
+                vec = vec + rng.normal(0, NOISE_SIGMA, size=vec.shape).astype(np.float32)
+                vec = vec / np.linalg.norm(vec)
+            text = variant(texts[src], copy)
+            tenant, model = prng.choice(TENANTS), prng.choice(models)
+            t0 = time.perf_counter()
+            doc = full_doc(text, tenant, model, f"fill-{i}", vec, emb.revision)
+            domain = detect_domain(doc, policy)
+            ttl_ms = policy.domains[domain].ttl_s * 1000
+            at = now - int(prng.uniform(0, 1.25 * ttl_ms))  # ~20% expired, as above
+            put = put_record(doc, answer_for(text, i), emb, policy, keyring, at_ms=at)
+            build_s += time.perf_counter() - t0
+            if put is None:
+                refused += 1
+                continue
+            domains[domain] = domains.get(domain, 0) + 1
+            batch.append(IndexEntry(id=put.entry_id, vector=put.vector, payload=dict(put.payload)))  # = cache.apply
+            if model == "default" and put.payload["expires_ms"] > now + 3_600_000:
+                targets.append((text, tenant, domain, np.asarray(vec, dtype=np.float32)))
+            if len(batch) >= 1000 or i == size - 1:
+                t0 = time.perf_counter()
+                idx.upsert(batch)
+                load_s += time.perf_counter() - t0
+                written += len(batch)
+                batch = []
+        if batch:
+            idx.upsert(batch)
+            written += len(batch)
+        count = idx.count()
+        row.update({"written": written, "put_refused": refused, "index_count": count, "domains": domains,
+                    "build_puts_s": round(build_s, 2), "upsert_s": round(load_s, 2)})
+
+        # (a) paraphrase-like: a live entry's prompt reworded; kept when its cosine to that entry
+        # clears the domain threshold (+0.02), so candidates above the threshold exist
+        order = prng.sample(range(len(targets)), min(len(targets), 4 * n_queries + 40))
+        cand: list[tuple[str, str, str, np.ndarray]] = []
+        for j, k in enumerate(order):
+            text, tenant, domain, tvec = targets[k]
+            q = reword(text, j % 2)
+            d = full_doc(q, tenant, "default", "q")
+            if q != text and detect_domain(d, policy) == domain and bypass_reason(d, policy, domain) is None:
+                cand.append((q, tenant, domain, tvec))
+        qv = emb.embed([c[0] for c in cand]) if cand else np.zeros((0, emb.dim), np.float32)
+        para: list[tuple[str, str]] = []
+        below = 0
+        for (q, tenant, domain, tvec), v in zip(cand, qv):
+            if float(v @ tvec) >= float(policy.threshold_for(domain, q)) + 0.02:
+                para.append((q, tenant))
+            else:
+                below += 1
+        para = para[:n_queries + 5]
+        # (b) unrelated: another subject altogether
+        miss = []
+        for t in unrelated_texts(prng, 2 * n_queries + 20):
+            tenant = prng.choice(TENANTS)
+            d = full_doc(t, tenant, "default", "q")
+            if bypass_reason(d, policy, detect_domain(d, policy)) is None:
+                miss.append((t, tenant))
+        miss = miss[:n_queries + 3]
+
+        # warm-up, discarded: loads the text analyser and USE multilingual (verifier), fills nothing timed
+        for n, (q, tenant) in enumerate(para[:5] + miss[:3]):
+            cache.lookup_many([full_doc(q, tenant, "default", f"warm-{n}")])
+        work = [("paraphrase", q, t) for q, t in para[5:]] + [("unrelated", q, t) for q, t in miss[3:]]
+        prng.shuffle(work)
+        docs = [full_doc(q, t, "default", f"bench-{n}") for n, (_, q, t) in enumerate(work)]
+        res: dict[str, dict[str, Any]] = {g: {"ms": [], "gate": 0, "verifier": 0, "hits": 0, "reasons": {}}
+                                          for g in ("paraphrase", "unrelated")}
+        cpu = CpuWindow()
+        for (group, _, _), doc in zip(work, docs):
+            t0 = time.perf_counter()
+            [lk] = cache.lookup_many([doc])
+            ms = (time.perf_counter() - t0) * 1000
+            g = res[group]
+            g["ms"].append(ms)
+            g["gate"] += lk.verdict is not None
+            g["verifier"] += "verifier" in lk.section.gate
+            g["hits"] += lk.section.decision == "hit"
+            key = f"{lk.section.decision}:{lk.section.reason}"
+            g["reasons"][key] = g["reasons"].get(key, 0) + 1
+        row["query_cpu"] = cpu.result()
+        row["paraphrase_below_threshold_dropped"] = below
+        allms: list[float] = []
+        for name, g in res.items():
+            ms_list = g.pop("ms")
+            allms += ms_list
+            row[name] = {"queries": len(ms_list), "p50_ms": pct(ms_list, 50), "p95_ms": pct(ms_list, 95),
+                         "p99_ms": pct(ms_list, 99), "max_ms": pct(ms_list, 100), "gate_ran": g["gate"],
+                         "verifier_ran": g["verifier"], "hits": g["hits"],
+                         "reasons": dict(sorted(g["reasons"].items(), key=lambda kv: -kv[1]))}
+        row["overall"] = {"queries": len(allms), "p50_ms": pct(allms, 50), "p95_ms": pct(allms, 95),
+                          "p99_ms": pct(allms, 99), "max_ms": pct(allms, 100),
+                          "gate_ran": sum(row[g]["gate_ran"] for g in res),
+                          "verifier_ran": sum(row[g]["verifier_ran"] for g in res),
+                          "hits": sum(row[g]["hits"] for g in res)}
+    finally:
+        idx.close()
+        del cache, idx
+        gc.collect()
+        shutil.rmtree(path, ignore_errors=True)
+    return row
+
+
 app = typer.Typer(add_completion=False)
 
 
@@ -206,7 +444,7 @@ def gate_cost() -> dict[str, float]:
     """The verification gate on real labelled pairs: cold (neither text analysed before) and with
     the cached prompt's analysis memoised, as it is once an entry has been a candidate."""
     from pipeline.engines.text_analyzer import TextAnalyzer
-    from pipeline.stages.cache.gate import gate
+    from pipeline.stages.cache.gate import GateRules, gate
 
     lines = [json.loads(x) for x in (ROOT / "tests" / "data" / "cache_pairs.jsonl").read_text().splitlines() if x]
     t0 = time.perf_counter()
@@ -214,13 +452,14 @@ def gate_cost() -> dict[str, float]:
     analyzer.analyze("warm up 준비")
     load_s = time.perf_counter() - t0
     lexical = lambda words, against: [1.0 if w in against else 0.0 for w in words]  # noqa: E731
+    rules = GateRules.build()  # the default policy's (word_match 0.8); gate() takes rules, not a float
     cold, warm = [], []
     for p in lines:
         t0 = time.perf_counter()
-        gate(p["b"], p["a"], analyzer.analyze, lexical, 0.8)
+        gate(p["b"], p["a"], analyzer.analyze, lexical, rules)
         cold.append((time.perf_counter() - t0) * 1000)
         t0 = time.perf_counter()
-        gate(p["b"] + " ", p["a"], analyzer.analyze, lexical, 0.8)  # a new query text, an entry seen before
+        gate(p["b"] + " ", p["a"], analyzer.analyze, lexical, rules)  # a new query text, an entry seen before
         warm.append((time.perf_counter() - t0) * 1000)
     return {"pairs": len(lines), "load_s": round(load_s, 2), "cold_p50_ms": pct(cold, 50), "cold_p95_ms": pct(cold, 95),
             "warm_p50_ms": pct(warm, 50), "warm_p95_ms": pct(warm, 95)}
@@ -236,6 +475,8 @@ def main(
                                                    "seconds (default 60, quick 20)"),
     client_max: int = typer.Option(None, help="qdrant-client local: skip sizes above this (default 100000, quick 10000)"),
     seed: int = typer.Option(1),
+    full: bool = typer.Option(False, "--full", help="also time SemanticCache.lookup_many end to end (open_entry, "
+                                                     "gate, verifier) on EdgeIndex, per size"),
 ) -> None:
     size_list = [int(s) for s in (sizes or ("2000,10000" if quick else "10000,100000")).split(",")]
     n_queries = queries or (100 if quick else 300)
@@ -318,6 +559,35 @@ def main(
         verdict = edge_big["lookup_p95_ms"] <= TARGET_P95_MS
         console.print(f"target: qdrant-edge lookup p95 at {largest:,} = {edge_big['lookup_p95_ms']} ms "
                       f"(<= {TARGET_P95_MS:.0f} ms: {'met' if verdict else 'MISSED'})")
+    full_rows: list[dict[str, Any]] = []
+    if full:
+        with tempfile.TemporaryDirectory(prefix="cache-bench-full-") as tmp:
+            for size in size_list:
+                console.print(f"[dim]full lookup, qdrant-edge @ {size:,}: building put records...[/dim]")
+                fr = run_full(size, base, texts, emb, n_queries, seed, Path(tmp))
+                full_rows.append(fr)
+                console.print(f"[dim]  puts {fr['build_puts_s']} s + upserts {fr['upsert_s']} s; lookup p50 "
+                              f"{fr['overall']['p50_ms']} ms p95 {fr['overall']['p95_ms']} ms "
+                              f"({fr['overall']['queries']} queries)[/dim]")
+        ft = Table(title="Semantic-cache FULL lookup = SemanticCache.lookup_many(\\[doc]) on qdrant-edge: embed + "
+                         "boundary-filtered search + threshold + open_entry + gate + verifier (1 thread)")
+        for col in ("entries", "group", "queries", "p50", "p95", "p99", "max", "gate ran", "verifier ran", "hits",
+                    "cpu/steal%"):
+            ft.add_column(col, justify="left" if col == "group" else "right")
+        for fr in full_rows:
+            q = fr["query_cpu"]
+            for group in ("paraphrase", "unrelated", "overall"):
+                g = fr[group]
+                ft.add_row(f"{fr['entries']:,}", group, str(g["queries"]), fmt(g["p50_ms"], 2), fmt(g["p95_ms"], 2),
+                           fmt(g["p99_ms"], 2), fmt(g["max_ms"], 2), str(g["gate_ran"]), str(g["verifier_ran"]),
+                           str(g["hits"]), f"{fmt(q['busy_pct'], 0)}/{fmt(q['steal_pct'], 0)}" if group == "overall" else "")
+        console.print(ft)
+        console.print("ms columns are milliseconds per lookup; paraphrase = a live entry's prompt with one wording "
+                      "change (cosine to it >= domain threshold + 0.02), unrelated = another subject (a miss)")
+        for fr in full_rows:
+            console.print(f"  {fr['entries']:,}: written {fr['written']:,} (index {fr['index_count']:,}, refused "
+                          f"{fr['put_refused']}), domains {fr['domains']}; paraphrase reasons "
+                          f"{fr['paraphrase']['reasons']}; unrelated reasons {fr['unrelated']['reasons']}")
     gate_ms = gate_cost()
     console.print(f"gate (runs only on candidates above the threshold), per query/candidate pair of "
                   f"tests/data/cache_pairs.jsonl: cold analysis p50 {gate_ms['cold_p50_ms']} / p95 "
@@ -330,6 +600,9 @@ def main(
         "client_budget_s": budget, "client_max": cmax, "notes": notes, "rows": rows,
         "host": {"cpus": os.cpu_count(), "python": platform.python_version()},
     }
+    if full:
+        result["full_lookup"] = {"index": "qdrant-edge", "threads": os.environ.get("OMP_NUM_THREADS"),
+                                 "model_revisions": FULL_MODELS, "rows": full_rows}
     print(json.dumps(result, separators=(",", ":")))
 
 

@@ -76,7 +76,8 @@ def test_the_first_unseen_pairs_now_train_the_gate_and_the_verifier():
 
 
 @pytest.mark.parametrize("name,min_precision,max_false_hits,min_recall", [
-    ("cache_pairs_unseen2.jsonl", 0.97, 1, 0.20), ("cache_pairs_unseen3.jsonl", 0.91, 4, 0.18)])
+    ("cache_pairs_unseen2.jsonl", 0.97, 1, 0.20), ("cache_pairs_unseen3.jsonl", 0.91, 4, 0.18),
+    ("cache_pairs_unseen4.jsonl", 0.94, 3, 0.24)])
 def test_the_later_held_out_pairs_are_measured_and_held_at_a_floor(name, min_precision, max_false_hits, min_recall):
     """Written apart and never tuned on (2026-12-03). The precision target (0.98) is missed on the
     third set (negation and antonyms without a negation word); this holds the measured numbers and

@@ -83,6 +83,23 @@ _HANGUL_WORD = re.compile(r"(?<![가-힣])[가-힣]{3,9}(?![가-힣])")
 _NOUN_SUFFIX = set("지가주서자문부일금표비료권실장점사원층용형식법품기물국관소처제율액량별상성화적력감대도함간선내외후전중들경측쪽")
 
 
+_KIWI: Any = None
+_KIWI_LOCK = threading.Lock()
+
+
+def kiwi_tokens(text: str) -> list[Any]:
+    """Kiwi's morphemes for `text`: one analyser per process (it is not thread-safe: one lock)."""
+    global _KIWI
+    with _KIWI_LOCK:
+        if _KIWI is None:
+            from kiwipiepy import Kiwi
+
+            with warnings.catch_warnings():  # "num_workers=0 changed in 0.21": one thread, as wanted
+                warnings.simplefilter("ignore", DeprecationWarning)
+                _KIWI = Kiwi(num_workers=0, load_multi_dict=False, load_typo_dict=False)
+        return list(_KIWI.tokenize(text))
+
+
 @lru_cache(maxsize=1)
 def _ko_zipf():
     from wordfreq import get_frequency_dict
@@ -100,8 +117,6 @@ class KoreanParticleNameRecognizer(EntityRecognizer):
     def __init__(self, supported_language: str = "en") -> None:
         super().__init__(supported_entities=["PERSON"], name="KoreanParticleNameRecognizer",
                          supported_language=supported_language)
-        self._kiwi: Any = None
-        self._lock = threading.Lock()
 
     def load(self) -> None:  # Presidio calls this at construction: no I/O there (see warm)
         pass
@@ -112,16 +127,9 @@ class KoreanParticleNameRecognizer(EntityRecognizer):
         name_lists()
         self._kiwi_names("준비")
 
-    def _kiwi_names(self, text: str) -> set[tuple[int, int]]:
-        with self._lock:
-            if self._kiwi is None:
-                from kiwipiepy import Kiwi
-
-                with warnings.catch_warnings():  # "num_workers=0 changed in 0.21": one thread, as wanted
-                    warnings.simplefilter("ignore", DeprecationWarning)
-                    self._kiwi = Kiwi(num_workers=0, load_multi_dict=False, load_typo_dict=False)
-            tokens = self._kiwi.tokenize(text)
-        return {(t.start, t.start + t.len) for t in tokens if t.tag == "NNP"}
+    @staticmethod
+    def _kiwi_names(text: str) -> set[tuple[int, int]]:
+        return {(t.start, t.start + t.len) for t in kiwi_tokens(text) if t.tag == "NNP"}
 
     @staticmethod
     def _stems(word: str, whole: bool) -> list[str]:

@@ -7,8 +7,6 @@ not a frequent Korean word (places like 부산 are frequent, and a place-name en
 
 from __future__ import annotations
 
-import threading
-import warnings
 from typing import Any
 
 import regex as re
@@ -22,6 +20,7 @@ from pipeline.stages.mask.names import (
     SURNAMES_1,
     SURNAMES_2,
     _ko_zipf,
+    kiwi_tokens,
     name_lists,
 )
 
@@ -57,8 +56,6 @@ class KoreanGivenNameRecognizer(EntityRecognizer):
     def __init__(self, supported_language: str = "en") -> None:
         super().__init__(supported_entities=["PERSON"], name="KoreanGivenNameRecognizer",
                          supported_language=supported_language)
-        self._kiwi: Any = None
-        self._lock = threading.Lock()
 
     def load(self) -> None:  # Presidio calls this at construction: no I/O there (see warm)
         pass
@@ -67,18 +64,11 @@ class KoreanGivenNameRecognizer(EntityRecognizer):
         _ko_zipf()
         self._tokens("준비")
 
-    def _tokens(self, text: str) -> list[Any]:
+    @staticmethod
+    def _tokens(text: str) -> list[Any]:
         """Kiwi's tokens; a Hangul run longer than any word is blanked first (offsets kept): Kiwi
         spends seconds on 32k characters of one run, and no name hides in one."""
-        text = _LONG_RUN.sub(lambda m: " " * len(m.group()), text)
-        with self._lock:
-            if self._kiwi is None:
-                from kiwipiepy import Kiwi
-
-                with warnings.catch_warnings():
-                    warnings.simplefilter("ignore", DeprecationWarning)
-                    self._kiwi = Kiwi(num_workers=0, load_multi_dict=False, load_typo_dict=False)
-            return list(self._kiwi.tokenize(text))
+        return kiwi_tokens(_LONG_RUN.sub(lambda m: " " * len(m.group()), text))
 
     def analyze(self, text: str, entities: list[str], nlp_artifacts: NlpArtifacts | None = None
                 ) -> list[RecognizerResult]:

@@ -159,10 +159,16 @@ class SemanticCache:
         self.words = WordVectors(embedder)
         self.analyzer = analyzer or shared_analyzer()
         self.rules = GateRules.build(policy)
-        self.verifier = (Verifier.load(Path(policy.verifier_path) if policy.verifier_path else None)
-                         if policy.verifier else None)
+        self._verifier: Verifier | None = None  # read on first use: no I/O in the constructor
         self.multilingual = multilingual or shared_multilingual()  # loaded on first use
         self.invalidations: list[Invalidation] = []
+
+    @property
+    def verifier(self) -> Verifier | None:
+        """The policy's verifier (the shipped one unless `verifier_path`), or None when it is off."""
+        if self._verifier is None and self.policy.verifier:
+            self._verifier = Verifier.load(Path(self.policy.verifier_path) if self.policy.verifier_path else None)
+        return self._verifier
 
     def pair_evidence(self, query: str, prompt: str, minilm_cos: float | None = None
                       ) -> tuple[GateVerdict, np.ndarray | None]:

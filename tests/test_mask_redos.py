@@ -182,3 +182,22 @@ def test_the_stage_answers_mask_failed_and_never_forwards(tmp_path):
     [ev] = out.evidence
     assert (ev.decision, ev.reason) == ("error", "mask_failed")
     assert "010-1234" not in out.response.model_dump_json() + ev.model_dump_json()
+
+
+@pytest.mark.parametrize("text", [
+    "Call +1 (415) 555-0132 ext. 12 or +44 20 7946 0958, not order 12 of 3.",
+    ("a house at 12 Main St. " * 40) + "then dial 030 901820 or 089-123-4567 " + "x" * 300 + " 0049 30 901820",
+    "Tel:06151 8989-0, Fax 06151/898911; room 4, floor 2, 19:30",
+])
+def test_phone_snippets_find_what_the_whole_text_scan_finds(text):
+    """The recognizer scans only snippets around digit runs; it must find the same numbers as a scan of everything."""
+    from presidio_analyzer.predefined_recognizers import PhoneRecognizer
+
+    from pipeline.stages.mask.ids import PhoneNumbersRecognizer
+
+    regions = ("US", "UK", "DE", "FR", "KR")
+    snippets = PhoneNumbersRecognizer(supported_language="en", supported_regions=regions)
+    whole = PhoneRecognizer(supported_language="en", supported_regions=regions)
+    got = sorted((r.start, r.end) for r in snippets.analyze(text, ["PHONE_NUMBER"]))
+    want = sorted((r.start, r.end) for r in whole.analyze(text, ["PHONE_NUMBER"]))
+    assert got == want and len(got) >= 2

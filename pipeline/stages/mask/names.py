@@ -87,17 +87,27 @@ _KIWI: Any = None
 _KIWI_LOCK = threading.Lock()
 
 
-def kiwi_tokens(text: str) -> list[Any]:
-    """Kiwi's morphemes for `text`: one analyser per process (it is not thread-safe: one lock)."""
-    global _KIWI
+_KIWI_LAST: tuple[str, tuple[Any, ...]] = ("", ())
+
+
+def kiwi_tokens(text: str) -> tuple[Any, ...]:
+    """Kiwi's morphemes for `text`: one analyser per process (it is not thread-safe: one lock).
+
+    The last answer is kept: two recognizers ask for the same window in turn, and Kiwi is most of
+    the cost of masking Korean (0.2 s of a 32k-character prompt, each time)."""
+    global _KIWI, _KIWI_LAST
     with _KIWI_LOCK:
+        if _KIWI_LAST[0] == text and text:
+            return _KIWI_LAST[1]
         if _KIWI is None:
             from kiwipiepy import Kiwi
 
             with warnings.catch_warnings():  # "num_workers=0 changed in 0.21": one thread, as wanted
                 warnings.simplefilter("ignore", DeprecationWarning)
                 _KIWI = Kiwi(num_workers=0, load_multi_dict=False, load_typo_dict=False)
-        return list(_KIWI.tokenize(text))
+        tokens = tuple(_KIWI.tokenize(text))
+        _KIWI_LAST = (text, tokens)
+        return tokens
 
 
 @lru_cache(maxsize=1)

@@ -65,7 +65,7 @@ class KoreanGivenNameRecognizer(EntityRecognizer):
         self._tokens("준비")
 
     @staticmethod
-    def _tokens(text: str) -> list[Any]:
+    def _tokens(text: str) -> tuple[Any, ...]:
         """Kiwi's tokens; a Hangul run longer than any word is blanked first (offsets kept): Kiwi
         spends seconds on 32k characters of one run, and no name hides in one."""
         return kiwi_tokens(_LONG_RUN.sub(lambda m: " " * len(m.group()), text))

@@ -117,7 +117,7 @@ def test_gate_skips_the_analysis_when_numbers_or_entities_already_differ(analyze
     assert seen == [] and words == [], "no analysis, no word embeddings"
     v = gate("Reply yes (order 5 abcd)", "Reply yes (order 5 efgh)", counting, sims, RULES)
     assert len(seen) == 2 and set(v.checks) == {"numbers", "entities", "relations", "question", "negation",
-                                                "roles", "content_words"}
+                                                "roles", "order", "modality", "content_words"}
 
 
 def test_gate_refuses_a_different_action_or_added_specific_detail(analyze):
@@ -233,9 +233,9 @@ def test_gate_refuses_alternatives_set_the_other_way_round(analyze):
 
     v = g("Can I get the parcel delivered to my office instead of my home?",
           "Can I get the parcel delivered to my home instead of my office?")
-    assert not v.passed and v.checks["order"] is False
+    assert not v.passed and v.checks["alternatives"] is False
     v = g("할부 말고 일시불로 바꿔주세요", "일시불 말고 할부로 바꿔주세요")
-    assert not v.passed and v.checks["order"] is False
+    assert not v.passed and v.checks["alternatives"] is False
     assert g("Ship it to my office instead of my home", "Ship it to my office instead of my home").passed
 
 
@@ -350,3 +350,55 @@ def test_opposites_double_negation_and_the_speaker_role():
 def test_negated_prompts_bypass_the_cache_by_default(text, negated):
     assert (bypass_reason(doc(text), POLICY, "faq") == "negated") is negated
     assert bypass_reason(doc(text), CachePolicy(serve_negated=True), "faq") != "negated"
+
+
+@pytest.mark.parametrize("a,b,check,passed", [
+    # roles traded with no negation word: refused on order (pairs from cache_pairs_train3)
+    ("Can I return something I bought abroad at a local store?",
+     "Can I return something I bought locally at a store abroad?", "order", False),
+    ("카카오로 가입했는데 이메일로 로그인 가능해?", "이메일로 가입했는데 카카오로 로그인 가능해?", "order", False),
+    ("폰 화면을 TV로 미러링하려면?", "TV 화면을 폰으로 미러링하려면?", "order", False),
+    ("탈퇴하면 앱도 삭제돼요?", "앱 삭제하면 탈퇴도 돼요?", "order", False),
+    ("can you guys ship to a P.O. box address?", "can you guys ship from a P.O. box address?", "order", False),
+    # a marked phrase or a whole clause moved, a keyword query, "the X of Y" / "Y X": one question
+    ("On the mobile app, where do I change my password?", "Where do I change my password on the mobile app?",
+     "order", True),
+    ("If I lost the receipt, can I return it?", "Can I return it if I lost the receipt?", "order", True),
+    ("삼성페이로 편의점에서 결제 돼요?", "편의점에서 삼성페이로 결제 돼요?", "order", True),
+    ("포장 뜯은 상품도 반품되나요?", "반품되나요, 포장 뜯은 상품도?", "order", True),
+    ("How do I take a screenshot on Windows 11?", "windows 11 screenshot how", "order", True),
+    ("How much does express shipping cost?", "What is the price of express shipping?", "order", True),
+    # may / must / must not
+    ("수술 전날 물 마셔도 돼요?", "수술 전날 물 꼭 마셔야 돼요?", "modality", False),
+    ("매장 안에서 사진 촬영 가능한가요?", "매장 안에서 사진 촬영 금지인가요?", "modality", False),
+    ("Can I bring my dog inside?", "Are dogs allowed inside?", "modality", True),
+    # a word said twice on one side stands for another word on the other
+    ("카드 결제 취소하면 포인트도 취소되나요?", "카드 결제 취소해도 포인트는 유지되나요?", "content_words", False),
+])
+def test_order_modality_and_word_counts(analyze, a, b, check, passed):
+    v = gate(a, b, analyze, lambda w, o: [1.0] * len(w), RULES)
+    assert v.checks.get(check, True) is passed, v.checks
+
+
+@pytest.mark.parametrize("text,roles", [
+    ("Can I return it if I lost the receipt?", ["main", "cond"]),
+    ("탈퇴하면 앱도 삭제돼요?", ["cond", "main"]),
+    ("이틀 안에 도착하나요? 부산으로 보내면", ["main", "cond"]),
+    ("카카오로 가입했는데 이메일로 로그인 가능해?", ["ctx", "main"]),
+])
+def test_clauses_are_typed_by_their_conjunction_or_ending(text, roles):
+    from pipeline.stages.cache.order import typed_clauses
+
+    clauses = typed_clauses(text)
+    assert [r for r, _, _ in clauses] == roles
+    assert all(text[lo:hi].strip() == text[lo:hi] and hi > lo for _, lo, hi in clauses)
+
+
+def test_pairing_prefers_the_same_word_and_counts_order():
+    from pipeline.stages.cache.order import out_of_order, pairing
+
+    same = lambda a, b: a == b or {a, b} == {"cost", "price"}  # noqa: E731
+    assert pairing(["price", "cost"], ["cost", "price"], same) == {0: 1, 1: 0}
+    assert out_of_order(["a", "b", "c"], ["c", "a", "b"], same)
+    assert not out_of_order(["a", "b", "a"], ["b", "a"], same)
+    assert not out_of_order(["a", "x", "b"], ["a", "b", "y"], same)

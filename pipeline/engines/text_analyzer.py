@@ -28,6 +28,7 @@ class Token:
     kind: str  # noun | name | verb | adj | adv | num | det | aux | neg
     surface: str  # lower-case form as written
     zipf: float = 0.0  # word frequency, log10 per billion words (wordfreq); 0 = unknown, i.e. rare
+    start: int = 0  # character offset in the analysed text: tokens are listed in this order
 
 
 @dataclass(frozen=True)
@@ -76,7 +77,7 @@ class TextAnalyzer:
             if hit is not None:
                 self._memo.move_to_end(text)
                 return hit
-            result = Analysis(tokens=tuple(self._korean(text) + self._english(text)))
+            result = Analysis(tokens=tuple(sorted(self._korean(text) + self._english(text), key=lambda t: t.start)))
             self._memo[text] = result
             while len(self._memo) > self._capacity:
                 self._memo.popitem(last=False)
@@ -102,11 +103,11 @@ class TextAnalyzer:
             if t.tag == "XSN" and end == t.start and out and out[-1].kind in ("noun", "name"):
                 prev = out.pop()  # 공유+기, 등급+별: a suffix too
                 word = prev.lemma + t.form
-                out.append(Token(word, prev.kind, word, self._zipf_ko(word) or prev.zipf))
+                out.append(Token(word, prev.kind, word, self._zipf_ko(word) or prev.zipf, prev.start))
                 end = t.start + t.len
                 continue
             if (t.tag, t.form) in _KO_NEGATORS:
-                out.append(Token(t.form, "neg", t.form))
+                out.append(Token(t.form, "neg", t.form, 0.0, t.start))
             kind = _KO_KIND.get(t.tag)
             if kind == "det" and t.form in ("윗", "아랫", "맨"):
                 kind = "noun"  # 맨 윗줄: position words Kiwi tags as determiners
@@ -123,12 +124,13 @@ class TextAnalyzer:
             if kind == "noun" and end == start and out and out[-1].kind == "noun":
                 prev = out.pop()
                 form, zipf = prev.lemma + form, self._zipf_ko(prev.lemma + form) or min(prev.zipf, zipf)
-            out.append(Token(form, kind, form, zipf))
+                start = prev.start
+            out.append(Token(form, kind, form, zipf, start))
             end = t.start + t.len
         return out
 
     def _english(self, text: str) -> list[Token]:
-        latin = re.sub(r"[가-힣]+", " ", text)
+        latin = re.sub(r"[가-힣]", " ", text)  # one space per letter: offsets stay those of `text`
         if not re.search(r"[A-Za-z]", latin):
             return []
         out = []
@@ -138,7 +140,7 @@ class TextAnalyzer:
                 continue
             if kind == "name" and t.is_lower:
                 kind = "noun"  # a lower-case "proper noun" is the tagger guessing
-            out.append(Token(t.lemma_.lower(), kind, t.lower_, self._zipf_en(t.lower_)))
+            out.append(Token(t.lemma_.lower(), kind, t.lower_, self._zipf_en(t.lower_), t.idx))
         return out
 
 

@@ -35,6 +35,7 @@ from pipeline.stages.cache.lexicon import (
     KO_NATIVE,
     KO_OPPOSITE_PREFIX,
     KO_UNIT,
+    MODALITY,
     NEGATION_COUNT,
     NEGATION_EN,
     NEGATION_KO,
@@ -53,7 +54,17 @@ from pipeline.stages.cache.lexicon import (
     WH_KO,
     YES_NO_EN,
 )
-from pipeline.stages.cache.order import roles_swapped, scrambled, speaker_role_flipped
+from pipeline.stages.cache.order import (
+    direction_flipped,
+    out_of_order,
+    pairing,
+    phrase_moved,
+    roles_swapped,
+    scrambled,
+    speaker_role_flipped,
+    telegraphic,
+    typed_clauses,
+)
 from pipeline.stages.cache.policy import PLACEHOLDER, CachePolicy
 
 # relations that the analysers do not count as content words but that change the question, by
@@ -67,6 +78,7 @@ _QK = {k: [re.compile(p) for p in pats] for k, pats in QUESTION_KINDS.items()}
 _REL = {k: [re.compile(p) for p in pats] for k, pats in RELATIONS.items()}
 _ANT = [([re.compile(p) for p in left], [re.compile(p) for p in right]) for left, right in ANTONYMS]
 _NEG = [re.compile(p) for p in NEGATION_COUNT]
+_MOD = {k: [re.compile(p) for p in pats] for k, pats in MODALITY.items()}
 _PHRASES = [(re.compile(p, re.IGNORECASE), w) for p, w in PHRASES]
 _EN_NUMBER = re.compile(r"\b(" + "|".join(EN_NUMBER) + r")\b", re.IGNORECASE)
 
@@ -89,6 +101,16 @@ def opposite_prefixed(query: str, candidate: str) -> bool:
         return False
 
     return one_way(query, candidate) or one_way(candidate, query)
+
+
+def modality(text: str) -> frozenset[str]:
+    """may / must / must_not: what the prompt asks to be told about doing a thing (lexicon.MODALITY);
+    "must not" is not also "must"."""
+    lowered = text.lower()
+    found = {k for k, pats in _MOD.items() if any(p.search(lowered) for p in pats)}
+    if "must_not" in found and not any(p.search(re.sub(r"\bmust not\b|\bmustn't\b", "", lowered)) for p in _MOD["must"]):
+        found.discard("must")
+    return frozenset(found)
 
 
 def negations(text: str) -> int:
@@ -344,6 +366,44 @@ def asks(text: str) -> str:
     return parts[-1] if len(parts) > 1 else ""
 
 
+def order_kept(query: str, candidate: str, qa: Analysis, ca: Analysis, analyze: Callable[[str], Analysis],
+               rules: GateRules) -> bool:
+    """The words both prompts share stand in the same order; or one prompt is a keyword query; or
+    one marked phrase moved (order.phrase_moved); or only whole clauses moved, each keeping its
+    role ("can I return it if I lost the receipt" / "if I lost the receipt, can I return it"; not
+    탈퇴하면 앱도 삭제돼요 / 앱 삭제하면 탈퇴도 돼요, where the condition changed). Any other move is
+    refused: that is where roles are traded, and a refused paraphrase costs a miss, a wrong answer
+    served costs more."""
+    same = rules.same_word
+    qt, ct = content_tokens(qa), content_tokens(ca)
+    if not out_of_order([t.lemma for t in qt], [t.lemma for t in ct], same):
+        return True
+    if telegraphic(query, {t.surface for t in qt}) or telegraphic(candidate, {t.surface for t in ct}):
+        return True
+    nq, nc = normalise(query).lower(), normalise(candidate).lower()  # what the analyses' offsets index
+    if phrase_moved(nq, nc, qt, ct, same):
+        return True
+
+    def clause_words(text: str) -> list[tuple[str, list[str]]]:
+        parts = [(role, [t.lemma for t in content_tokens(analyze(text[lo:hi]))]) for role, lo, hi in typed_clauses(text)]
+        return [(role, words) for role, words in parts if words]
+
+    qc, cc = clause_words(normalise(query)), clause_words(normalise(candidate))
+    if len(qc) < 2 or len(qc) != len(cc):
+        return False
+    unused, moved = list(range(len(cc))), []
+    for role, words in qc:  # undo the moves: each query clause takes the candidate clause of its role it shares most with
+        best = max((j for j in unused if cc[j][0] == role), default=None,
+                   key=lambda j: sum(any(same(w, x) for x in cc[j][1]) for w in words))
+        if best is None:
+            return False
+        unused.remove(best)
+        moved.append(best)
+    q_words = [w for _, words in qc for w in words]
+    c_words = [w for j in moved for w in cc[j][1]]
+    return not out_of_order(q_words, c_words, same)
+
+
 @dataclass
 class _Words:
     bad: list[str]
@@ -360,6 +420,16 @@ def _content_words(query: str, candidate: str, analyze: Callable[[str], Analysis
     q_un = _unmatched(qt, ct, re.sub(r"\s+", "", candidate.lower()), rules)
     c_un = _unmatched(ct, qt, re.sub(r"\s+", "", query.lower()), rules)
     bad = [t.lemma for t in q_un + c_un if _specific(t, rules.specific)]
+    # a word said twice on one side stands for a word of the other that nothing else accounts for:
+    # "cancel the payment, are the points cancelled" / "... are the points kept" (취소 ... 취소 / 유지)
+    paired = pairing([t.lemma for t in qt], [t.lemma for t in ct], rules.same_word)
+    q_twice = [t for i, t in enumerate(qt) if i not in paired.values() and t not in q_un
+               and any(k != i and rules.same_word(t.lemma, o.lemma) for k, o in enumerate(qt))]
+    c_twice = [t for j, t in enumerate(ct) if j not in paired and t not in c_un
+               and any(k != j and rules.same_word(t.lemma, o.lemma) for k, o in enumerate(ct))]
+    if (q_twice and any(t.kind in (*_SLOTS, "verb") for t in c_un)) or (
+            c_twice and any(t.kind in (*_SLOTS, "verb") for t in q_un)):
+        bad += [t.lemma for t in q_twice + c_twice + q_un + c_un]
     q_slots = [t for t in q_un if t.kind in _SLOTS]
     c_slots = [t for t in c_un if t.kind in _SLOTS]
     q_verbs = [t for t in q_un if t.kind == "verb"]
@@ -408,9 +478,13 @@ def gate(query: str, candidate: str, analyze: Callable[[str], Analysis], word_si
     checks["roles"] = not roles_swapped(query, candidate, qa, ca) and not speaker_role_flipped(query, candidate) \
         and not (permuted and scrambled(
         [t.lemma for t in content_tokens(qa)], [t.lemma for t in content_tokens(ca)]))
+    checks["order"] = order_kept(query, candidate, qa, ca, analyze, rules) and not direction_flipped(
+        normalise(query).lower(), normalise(candidate).lower(), content_tokens(qa), content_tokens(ca), rules.same_word)
+    q_mod, c_mod = modality(query), modality(candidate)
+    checks["modality"] = not (q_mod and c_mod and q_mod != c_mod)
     q_alt, c_alt = alternatives(query, analyze), alternatives(candidate, analyze)
     if q_alt and c_alt:  # the same two things, set against each other the other way round
-        checks["order"] = not any(rules.same_word(x, y2) and rules.same_word(y, x2) and not rules.same_word(x, y)
+        checks["alternatives"] = not any(rules.same_word(x, y2) and rules.same_word(y, x2) and not rules.same_word(x, y)
                                   for x, y in q_alt for x2, y2 in c_alt)
     words = _content_words(query, candidate, analyze, word_similarity, rules, qa, ca)
     checks["content_words"] = not words.bad

@@ -30,7 +30,7 @@ ALTERNATIVE = r"\binstead of\b|\brather than\b|\bbut not\b|(?<=[가-힣])\s?(?:�
 # 먹고 나서). A relation on one side only is rewording. Matched on the lower-cased text.
 RELATIONS: dict[str, tuple[str, ...]] = {
     "before": (r"\bbefore\b", r"\bprior to\b", r"\bearlier than\b", r"(?<=[가-힣]) ?전에", "이전에", "먼저", "미리"),
-    "after": (r"\bafter\b", r"\blater than\b", r"(?<=[가-힣]) ?후에", "이후", "나서", "나중에", "다음에"),
+    "after": (r"\bafter\b", r"\blater than\b", r"(?<=[가-힣]) ?후에", "이후", "나서", "나중에", "다음에", r"(?<=[가-힣])고 바로"),
     "with": (r"\bwith\b",),
     "without": (r"\bwithout\b", "없이"),
     "until": (r"\buntil\b", r"\btill\b"),
@@ -40,6 +40,20 @@ RELATIONS: dict[str, tuple[str, ...]] = {
     "worse": (r"\bworse\b", r"\bworsen", "나빠지", "나빠져", "심해지", "심해져", "악화"),
     "in": (r"\bopt(?:ing|ed)? in\b", r"\bopt-in\b"),
     "out": (r"\bopt(?:ing|ed)? out\b", r"\bopt-out\b"),
+}
+
+# What a prompt asks to be told: whether a thing may be done, must be done, or must not be done.
+# Both prompts name one, and not the same -> another question ("may I drink water before surgery" /
+# "must I drink water ...", 촬영 가능 / 촬영 금지). Plain negation is counted apart (NEGATION_COUNT).
+MODALITY: dict[str, tuple[str, ...]] = {
+    "may": (r"\bcan (?:i|we|you|he|she|they|my|our|the|a|an|someone|anyone|kids?|children)\b", r"\bmay i\b",
+            r"\b(?:is it|are we|am i) (?:ok|okay|fine)\b", r"\ballowed\b", r"\bpermitted\b", r"\bpossible\b",
+            r"\bable to\b", "가능", r"[가-힣]도 (?:돼|되|괜찮)", "수 있", "허용", "허락"),
+    "must": (r"\bmust\b", r"\bhave to\b", r"\bhas to\b", r"\bneeds? to\b", r"\brequired?\b",
+             r"\bmandatory\b", r"\bobligatory\b", r"\bshould\b", "필수", r"[가-힣]야 ?(?:하|해|돼|되|할|합)",
+             "반드시", "의무"),
+    "must_not": (r"\bnot allowed\b", r"\bprohibited\b", r"\bforbidden\b", r"\bbanned\b", r"\bmust not\b",
+                 r"\bmustn't\b", "금지", "불가"),
 }
 
 # Korean prefixes that turn a noun into its opposite: 비공개 / 공개, 미결제 / 결제, 불포함 / 포함,

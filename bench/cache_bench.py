@@ -147,11 +147,9 @@ class Corpus:
 def run_one(kind: str, size: int, corpus: Corpus, emb: Embedder, queries: list[tuple[str, str]],
             max_queries: int, budget_s: float | None, workdir: Path) -> dict[str, Any]:
     path = workdir / f"{kind}-{size}"
-    idx: VectorIndex
-    if kind == "qdrant-edge":
-        idx = EdgeIndex(path, emb.dim, keyword_fields=KEYWORD_FIELDS, numeric_fields=NUMERIC_FIELDS)
-    else:
-        idx = QdrantClientIndex(emb.dim, path=str(path), keyword_fields=KEYWORD_FIELDS, numeric_fields=NUMERIC_FIELDS)
+    idx: VectorIndex = (
+        EdgeIndex(path, emb.dim, keyword_fields=KEYWORD_FIELDS, numeric_fields=NUMERIC_FIELDS) if kind == "qdrant-edge"
+        else QdrantClientIndex(emb.dim, path=str(path), keyword_fields=KEYWORD_FIELDS, numeric_fields=NUMERIC_FIELDS))
     row: dict[str, Any] = {"index": kind, "entries": size}
     try:
         cpu = CpuWindow()
@@ -206,7 +204,6 @@ def run_one(kind: str, size: int, corpus: Corpus, emb: Embedder, queries: list[t
         })
     finally:
         idx.close()
-        del idx
         gc.collect()
         shutil.rmtree(path, ignore_errors=True)
     return row

@@ -45,15 +45,27 @@ def test_held_out_recall_and_false_positives_are_reported_above_a_floor(masker):
     assert all(set(m) == {"type", "lang"} for m in report["misses"])
 
 
-def test_the_second_held_out_set_is_measured_and_held_at_a_floor(masker):
-    """pii_unseen2.jsonl (written apart, 2026-12-03): measured before and once after the change it
-    judged, reported in the notes; the targets are not met on it (PERSON 0.80, false positives 17 %),
-    so this only catches a regression below what was measured."""
+def test_the_second_held_out_set_now_trains_and_is_held_at_a_floor(masker):
+    """pii_unseen2.jsonl (written apart, 2026-12-03) judged one change (PERSON 0.70 -> 0.80, false
+    positives 15 -> 17 %); its misses then shaped the chat cues, the speaker and sign-off rule and
+    the glued-honorific check, so it is training data now: PERSON 0.85, false positives 15 %."""
     report = evaluate(masker, read_sentences(DATA / "pii_unseen2.jsonl"))
-    print("held-out 2:", {k: v["recall"] for k, v in report["recall"].items()}, report["false_positive_rate"])
-    assert report["recall"]["PERSON"]["recall"] >= 0.78
-    assert all(v["recall"] >= 0.9 for k, v in report["recall"].items() if k != "PERSON")
-    assert report["false_positive_rate"] <= 0.2
+    print("set 2 (tuned):", {k: v["recall"] for k, v in report["recall"].items()}, report["false_positive_rate"])
+    assert report["recall"]["PERSON"]["recall"] >= 0.84
+    assert all(v["recall"] >= 0.93 for k, v in report["recall"].items() if k != "PERSON")
+    assert report["false_positive_rate"] <= 0.16
+
+
+def test_the_third_held_out_set_is_measured_and_held_at_a_floor(masker):
+    """pii_unseen3.jsonl: 340 sentences written apart and committed (0991a78) before the change it
+    judged, measured once before and once after it: PERSON 0.86 / 0.86, LOCATION 0.85 / 0.85, the
+    other seven types 1.0, false positives 7.1 % / 6.0 %. The targets (0.95, 5 %) are missed; this
+    catches a regression below what was measured. Never tuned on."""
+    report = evaluate(masker, read_sentences(DATA / "pii_unseen3.jsonl"))
+    print("held-out 3:", {k: v["recall"] for k, v in report["recall"].items()}, report["false_positive_rate"])
+    assert report["recall"]["PERSON"]["recall"] >= 0.85 and report["recall"]["LOCATION"]["recall"] >= 0.85
+    assert all(v["recall"] == 1.0 for k, v in report["recall"].items() if k not in ("PERSON", "LOCATION"))
+    assert report["false_positive_rate"] <= 0.07
 
 
 def test_the_training_set_is_held_where_it_was_tuned(masker):
@@ -96,6 +108,10 @@ def test_the_development_set_is_masked_in_full_with_no_false_positive(masker):
     ("Can Elif sign for the parcel?", "Elif"), ("hi mohammed, the wifi changed", "mohammed"),
     ("Please ship it to Femke de Graaf today", "Femke de Graaf"), ("Mobile for Karthik Ramaswamy is", "Karthik Ramaswamy"),
     ("Typed it as 4716.3902.5518.8478 because", "4716.3902.5518.8478"), ("old Visa 4024 0071 8813 5", "4024 0071 8813 5"),
+    # tuned on pii_unseen2.jsonl once it had judged a change
+    ("Card: 5534 6216 0803 3483  Exp: 04/29  Name: BRENDAN KILBRIDE", "BRENDAN KILBRIDE"),
+    ("[10:42] heike: can someone restart the build agent?", "heike"), ("can u resend the pdf? thx - nneka", "nneka"),
+    ("lmk when ishita gets back", "ishita"), ("omg did u see what kavya posted", "kavya"),
 ])
 def test_each_rule_masks_its_case(masker, text, value):
     masked = masker.mask([text]).texts[0]
@@ -109,6 +125,7 @@ def test_each_rule_masks_its_case(masker, text, value):
     "Lieferadresse: bitte ändern", "2 hours on the road", "zzqbroken zzqbroken",
     "부모님 성함을 적어 주세요", "원장 선생님 말씀이 오늘은 휴진이래요", "윤활유 교체 주기가 어떻게 되나요?",
     "고깃집 있을까요?", "I'm in Lisbon until Tuesday, then Porto for the weekend.", "order 2024.1101.5533.0001 shipped",
+    "날씨가 추워져서 글씨 쓰기가 힘드네요.", "솜씨 좋은 이모님이 만든 반찬이에요", "tell me when will you come",
 ])
 def test_identifiers_and_ordinary_words_are_left_alone(masker, text):
     assert masker.mask([text]).texts == [text]

@@ -39,7 +39,7 @@ _TITLES = "고객|선생|과장|부장|대리|사장|팀장|교수|원장|회원
 
 KOREAN_HONORIFIC_NAME = Pattern(
     "korean name before an honorific",
-    rf"(?<![가-힣])(?!(?:{_TITLES}|부모|형제|자매|부부|모녀|부자)\s?(?:(?:{_TITLES})\s?)?(?:님|씨))(?:{_SURNAMES})[가-힣]{{1,2}}"
+    rf"(?<![가-힣])(?!(?:{_TITLES}|부모|형제|자매|부부|모녀|부자|이모|고모|이모부|고모부)\s?(?:(?:{_TITLES})\s?)?(?:님|씨))(?:{_SURNAMES})[가-힣]{{1,2}}"
     rf"(?=\s?(?:(?:{_TITLES})\s?)?(?:님|씨(?!앗|름)))",
     0.7,
 )
@@ -57,6 +57,14 @@ ENGLISH_CUED_NAME = Pattern(
     rf"sincerely|best|contact|ask\sfor|attn|attention|cc|from|by|named|called|"
     rf"customer|account\sholder|cardholder|recipient|sender|patient|employee))\s?[:,]?\s{{1,2}})"
     rf"{_NAME_WORD}(?:\s(?:(?:van|von|de|del|da|di|der|den|la|le|bin|al)\s)?{_NAME_WORD}){{1,3}}\b",
+    0.6,
+)
+
+# a name in capitals on a form: "Name: BRENDAN KILBRIDE", "성명 SANTOS MARIA CLARA"
+CAPITALS_CUED_NAME = Pattern(
+    "name in capitals after a cue",
+    r"(?<=(?:\b(?i:name|full\sname|cardholder|card\sholder|holder|applicant|passenger)|성명|이름|영문\s?이름|영문명)"
+    r"\s?[:：]?\s{1,2})\p{Lu}{2,20}(?:[\s,]\s?\p{Lu}{2,20}){1,3}\b",
     0.6,
 )
 
@@ -220,8 +228,11 @@ _PARTICLE_NAME = re.compile(rf"\b({_CAP_WORD})(?:\s{_CAP_WORD})?\s(?:de|van|van 
                             rf"dos|das|i|y|bin|al|ibn|Ó|O'|Mac|le|la)\s{_CAP_WORD}\b")
 _CAPITALISED_PAIR = re.compile(rf"(?<![\p{{L}}'’-])({_CAP_WORD})\s({_CAP_WORD})(?![\p{{L}}'’-])")
 _LONE_CAPITALISED = re.compile(rf"(?<![\p{{L}}'’-]|\b(?:the|a|an|The|A|An)\s){_CAP_WORD}(?!\s\p{{Lu}})(?![\p{{L}}'’-])")
-_CHAT_CUED = re.compile(r"(?<=\b(?:hi|hey|hello|yo|ask|tell|call|text|ping|from|with|it's|its|did|and|me,)\s)"
+_CHAT_CUED = re.compile(r"(?<=\b(?:hi|hey|hello|yo|ask|tell|call|text|ping|from|with|it's|its|did|and|me,|thx|thanks|"
+                        r"ty|when|what|whether|if|lmk|cc|dear|bye)\s)"
                         r"([a-zà-ÿ][a-zà-ÿ'-]{1,20}(?:\s[a-zà-ÿ][a-zà-ÿ'-]{1,20}){0,2})")
+# a chat log's speaker ("[10:42] heike: ...") and a sign-off ("thx - nneka"): one listed given name
+_SPEAKER_OR_SIGNOFF = re.compile(r"(?:^|\n|\]\s)([a-zà-ÿ][a-zà-ÿ'-]{1,20})(?=:\s)|[-–—]\s([a-zà-ÿ][a-zà-ÿ'-]{1,20})\s*$")
 
 
 class GazetteerNameRecognizer(EntityRecognizer):
@@ -296,7 +307,11 @@ class GazetteerNameRecognizer(EntityRecognizer):
             w = m.group()
             if w.lower() in first and rare(w, 3.5) and not w.isupper():
                 out.append(RecognizerResult("PERSON", m.start(), m.end(), 0.5))
-        for m in _CHAT_CUED.finditer(text):
+        for m in _SPEAKER_OR_SIGNOFF.finditer(text):
+            g = 1 if m.group(1) else 2
+            if m.group(g) in first and rare(m.group(g), 4.3):
+                out.append(RecognizerResult("PERSON", m.start(g), m.end(g), 0.5))
+        for m in _CHAT_CUED.finditer(text, overlapped=True):  # "lmk when ishita": cue after cue
             words = m.group(1).split()
             if words[0] in first and rare(words[0], 4.3):
                 end = m.start(1) + len(words[0])

@@ -42,6 +42,7 @@ _UNKNOWN_IDS = 10
 _LONG_RUN = re.compile(r"[가-힣]{24,}")  # Kiwi gives words outside its dictionary the first few morpheme ids (2, 3)
 _PARTICLE_TAGS = frozenset({"JKS", "JKO", "JKG", "JKB", "JC", "JX", "JKC"})
 _PLACE_END = tuple("역시구동도군읍면로길산강점관원")
+_CLAUSE_END = ("가", "를", "은", "는", "서", "고", "요", "다", "면", "의", "에", "도")  # particles and verb endings
 _FREQUENT = 3.5  # zipf: a proper noun this frequent as a word is a place or a thing more often than a person
 # foreign names in Hangul: two to four words before an honorific (마이클 스미스 씨, 모하메드 알 파르시 님)
 _HONORIFIC = r"(?:\s?(?:씨|님|고객님|교수님|선생님|박사님|대표님|기자님)(?![가-힣]{2}))"
@@ -106,6 +107,11 @@ class KoreanGivenNameRecognizer(EntityRecognizer):
                 # foreign names are proper nouns or words Korean rarely uses (반, 알, 빈 between them may be common)
                 spans = [(w.start(), w.end()) for w in re.finditer(r"[가-힣]+", m.group(1))]
                 words = [(text[a + m.start(1):b + m.start(1)], (a + m.start(1), b + m.start(1))) for a, b in spans]
+                glued = text[m.end(1):m.end(1) + 1] in ("씨", "님")  # 글씨, 마음씨, 솜씨: the honorific is part of a word
+                if glued and zipf(words[-1][0] + text[m.end(1)]) >= 2.5:
+                    continue
+                if any(w.endswith(_CLAUSE_END) for w, _ in words[:-1]):
+                    continue  # 날씨가 추워져서 ...: a particle or a verb ending inside it, a sentence not a name
                 if all(zipf(w) < 2.5 or span in proper for w, span in words if len(w) >= 2) and len(words[0][0]) >= 2:
                     out.append(RecognizerResult("PERSON", m.start(1), m.end(1), 0.6))
         return out

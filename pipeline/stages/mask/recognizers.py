@@ -19,7 +19,7 @@ from pipeline.stages.mask.failclosed import PATTERN_TIMEOUT_S, FailClosedPattern
 __all__ = ["PATTERN_TIMEOUT_S", "FailClosedPatterns", "MaskFailed", "MaskTimeout", "RECOGNIZERS_REVISION",
            "project_recognizers", "presidio_recognizers"]
 
-RECOGNIZERS_REVISION = "kr-v4"
+RECOGNIZERS_REVISION = "kr-v5"
 
 _CASED = re.DOTALL | re.MULTILINE  # Presidio's default adds IGNORECASE; names and streets need case
 
@@ -45,7 +45,7 @@ def project_recognizers(language: str) -> list[PatternRecognizer]:
         rec("PERSON", "KoreanNameRecognizer", [names.KOREAN_HONORIFIC_NAME, names_ko.SURNAME_BEFORE_TITLE]),
         # case matters here: "Dr. Kim" is a name, "dr. said" is not
         rec("PERSON", "TitledNameRecognizer", [names.ENGLISH_TITLED_NAME], cased=True),
-        rec("PERSON", "CuedNameRecognizer", [names.ENGLISH_CUED_NAME], cased=True),
+        rec("PERSON", "CuedNameRecognizer", [names.ENGLISH_CUED_NAME, names.CAPITALS_CUED_NAME], cased=True),
         rec("LOCATION", "KoreanRoadAddressRecognizer", [addresses.KOREAN_ROAD_ADDRESS, addresses.KOREAN_LOT_ADDRESS]),
         rec("LOCATION", "StreetAddressRecognizer", [p for p in addresses.PATTERNS if not p.name.startswith("korean")],
             cased=True),

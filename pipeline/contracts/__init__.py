@@ -7,6 +7,7 @@ from pipeline.contracts.evidence import Evidence
 from pipeline.contracts.request import ChatMessage, ReplyTo, RequestDoc, StageTiming
 from pipeline.contracts.response import Response, Status, Usage
 from pipeline.contracts.rollout import Rollout
+from pipeline.contracts.stream import Cancel, Delta
 from pipeline.contracts.weights import WeightEvent
 
 # topic value schema name (as in topics.yaml) -> model; JSON Schemas are generated from this map.
@@ -20,15 +21,19 @@ WIRE_MODELS = {
     "control": ControlRecord,
     "admit_release": AdmitRelease,
     "admit_state": AdmitStateRecord,
+    "delta": Delta,
+    "cancel": Cancel,
 }
 
 __all__ = [
     "AdmitRelease",
     "AdmitStateRecord",
     "BreakerUpdate",
+    "Cancel",
     "CacheInvalidate",
     "CachePut",
     "ControlRecord",
+    "Delta",
     "Marker",
     "WIRE_MODELS",
     "ChatMessage",

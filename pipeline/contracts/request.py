@@ -24,6 +24,8 @@ class ReplyTo(WireModel):
 
     topic: str
     partition: int = Field(ge=0)
+    stream: bool = Field(False, description="also send the answer as it is generated: delta/v1 records on "
+                                            "`deltas`, this same partition number")
 
 
 class ChatMessage(WireModel):

@@ -18,6 +18,7 @@ class Status(StrEnum):
     rejected = "rejected"
     error = "error"
     deadline_exceeded = "deadline_exceeded"
+    cancelled = "cancelled"  # the caller withdrew it (a `cancel` record, or an HTTP caller that left)
 
 
 class Usage(WireModel):

@@ -72,6 +72,14 @@ class TopicNames:
         return self("dlq")
 
     @property
+    def deltas(self) -> str:
+        return self("deltas")
+
+    @property
+    def cancel(self) -> str:
+        return self("cancel")
+
+    @property
     def admit_release(self) -> str:
         return self("admit.release")
 

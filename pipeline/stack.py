@@ -10,6 +10,7 @@ ready, and on SIGTERM stops them in reverse order and removes the file.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import os
@@ -101,6 +102,11 @@ def running_stack(data_dir: Path) -> StackInfo | None:
     return info
 
 
+def _kill_group(pgid: int) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pgid, signal.SIGKILL)
+
+
 class _ChildWorkers:
     """--processes: one `llmpipe worker` child per stage group, restarted when one dies."""
 
@@ -126,7 +132,9 @@ class _ChildWorkers:
             cmd += ["--admin-port", str(self.admin_port)]
         log_file = open(self.logs / f"worker-{stage}.log", "ab")
         try:
-            return subprocess.Popen(cmd, env=env, stdout=log_file, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+            # its own process group: when it dies, what it started (vLLM's engine core) goes with it
+            return subprocess.Popen(cmd, env=env, stdout=log_file, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                    start_new_session=True)
         finally:
             log_file.close()
 
@@ -161,6 +169,7 @@ class _ChildWorkers:
             for stage, proc in list(self.procs.items()):
                 if proc.poll() is not None:
                     log.warning("worker %s exited with %s; restarting", stage, proc.returncode)
+                    _kill_group(proc.pid)  # a worker killed -9 leaves vLLM's engine core running, orphaned
                     self.procs[stage] = self._spawn(stage)
             try:
                 async with asyncio.timeout(1.0):
@@ -182,6 +191,7 @@ class _ChildWorkers:
             if proc.poll() is None:
                 proc.kill()
                 proc.wait()
+            _kill_group(proc.pid)  # anything it left behind
 
 
 async def _wait_http(url: str, timeout_s: float) -> None:

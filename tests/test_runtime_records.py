@@ -125,3 +125,27 @@ async def test_an_output_too_large_for_its_topic_is_answered_and_the_stage_goes_
             and e.decision == "error"] == [("grow", "error", "too_large")]
     answers = [decode(r.value, Response) for r in await read_topic(broker.bootstrap, names.responses, 3)]
     assert sum(r.request_id == big.request_id for r in answers) == 1  # one terminal answer
+
+
+async def test_a_request_cancelled_before_a_stage_is_answered_there_and_never_processed(broker, prefix, tmp_path):
+    s = settings_for(tmp_path, prefix, broker.bootstrap,
+                     [{"name": "slow", "class": "tests.stages:Sleep", "policy": {"sleep_ms": 1500, "forward": True}},
+                      {"name": "answer", "class": "tests.stages:Answer"}])
+    await create_topics(s)
+    names = TopicNames(prefix)
+    topo = Topology(s)
+    async with stage_worker(s, topo, "slow", broker.bootstrap), stage_worker(s, topo, "answer", broker.bootstrap), \
+            Client(broker.bootstrap, topic_prefix=prefix) as client:
+        kept, withdrawn = client.build("keep me"), client.build("withdraw me")
+        before = Answer.processed
+        futs = [await client.submit(withdrawn), await client.submit(kept)][::-1]
+        await asyncio.sleep(0.5)  # the withdrawn one is being processed by `slow`
+        await client.cancel(withdrawn.request_id, "operator")
+        kept_resp = await client.wait(kept.request_id, futs[0], 60)
+        resp = await client.wait(withdrawn.request_id, futs[1], 60)
+    assert kept_resp.status == "ok" and kept_resp.text == "KEEP ME"
+    assert resp.status == "cancelled" and resp.error_class == "cancelled" and resp.answered_by == "answer"
+    assert Answer.processed == before + 1  # the withdrawn request never reached the stage's code
+    evidence = [decode(r.value, Evidence) for r in await read_topic(broker.bootstrap, names.evidence, 4)]
+    mine = [(e.stage, e.decision, e.reason) for e in evidence if e.request_id == withdrawn.request_id]
+    assert mine == [("slow", "slept", ""), ("answer", "cancelled", "withdrawn before stage answer (operator)")]

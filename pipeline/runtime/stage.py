@@ -107,6 +107,10 @@ class Stage:
         self.ctx = ctx
         self.name = ctx.name
         self.follower: Any = None  # a ControlFollower once follow_control() ran
+        # set by the worker's handler before start(): the withdrawn requests (runtime/cancels.py) and
+        # the worker's producer, for records a stage sends while it works (generate's deltas)
+        self.cancels: Any = None
+        self.producer: Any = None
         self.policy: Any = self.policy_model.model_validate(ctx.policy) if self.policy_model else ctx.policy
 
     @property

@@ -5,6 +5,8 @@
    read from what did parse.
 2. Deadline: past `deadline_ms`, the record is not processed; it is answered
    `deadline_exceeded` with an evidence row. (Replays re-decide regardless of deadlines.)
+   Cancelled: a request its caller withdrew (a `cancel` record, runtime/cancels.py) is answered
+   `cancelled` with an evidence row instead of being processed.
 3. Process the batch through the stage; failures are retried up to `max_attempts` with
    backoff (PermanentError: not retried), then DLQ + `error` answer + evidence.
 4. Outputs: the runtime appends the stage's timing record, stamps every evidence row (worker,
@@ -24,10 +26,11 @@ from dataclasses import dataclass
 from aiokafka import AIOKafkaProducer
 from aiokafka.errors import MessageSizeTooLargeError
 
-from pipeline.contracts import Evidence, ReplyTo, RequestDoc, Response, StageTiming, Status
+from pipeline.contracts import Cancel, Evidence, ReplyTo, RequestDoc, Response, StageTiming, Status
 from pipeline.contracts.admit import release_for
 from pipeline.contracts.base import now_ms
 from pipeline.contracts.response import ImageShape, StageTimes
+from pipeline.runtime.cancels import CancelWatch
 from pipeline.runtime.codec import decode, encode, header_map, request_headers
 from pipeline.runtime.dlq import dead_letter
 from pipeline.runtime.errors import DecodeError, TopologyError
@@ -82,15 +85,24 @@ class StageHandler:
         self.backoff_ms = rt.retry_backoff_ms
         self.metrics = StageMetrics(stage.name)
         self.producer: AIOKafkaProducer | None = None
+        self.cancels: CancelWatch | None = None
         self._side_models = {names(t): m for t, m in stage.side_inputs.items()}
         self._repartition = not topology.keyed_like_requests(stage.name) and replay is None
 
     async def start(self, producer: AIOKafkaProducer) -> None:
         self.producer = producer
+        ctx = self.stage.ctx
+        if ctx.bootstrap and self.replay is None:  # a replay re-decides history: nobody can withdraw it
+            s = ctx.settings
+            self.cancels = await CancelWatch(ctx.bootstrap, self.names.cancel, s.kafka,
+                                             s.doorbell_dir if s.consumer.doorbell else None).start(producer)
+        self.stage.cancels, self.stage.producer = self.cancels, producer
         await self.stage.start()
 
     async def stop(self) -> None:
         await self.stage.stop()
+        if self.cancels is not None:
+            await self.cancels.stop()
 
     # ---- the protocol --------------------------------------------------------------------
 
@@ -111,6 +123,10 @@ class StageHandler:
                 continue
             if self.replay is None and doc.deadline_ms is not None and started > doc.deadline_ms:
                 await self._deadline_exceeded(out, it, doc, started)
+                continue
+            cancel = self.cancels.cancelled(doc.request_id) if self.cancels is not None else None
+            if cancel is not None:
+                await self._withdrawn(out, it, doc, started, cancel)
                 continue
             if self._repartition and it.record.topic == self.names.requests:
                 # the entry topic is keyed by request_id; this stage's state is keyed otherwise
@@ -306,6 +322,16 @@ class StageHandler:
         await self._send_evidence(out, [self._stamp(ev, it, timing)])
         resp = self._error_response(doc, "deadline_exceeded", f"deadline passed {late} ms before stage {self.name}",
                                     Status.deadline_exceeded)
+        await self._answer(out, resp, doc.reply_to, self._passthrough_headers(it),
+                           idempotent=doc.idempotency_key is not None)
+
+    async def _withdrawn(self, out: Outputs, it: Item, doc: RequestDoc, started: int, cancel: Cancel) -> None:
+        timing = self._timing(it, started, now_ms())
+        doc = doc.model_copy(update={"timings": [*doc.timings, timing]})
+        ev = self.stage.evidence(doc, "cancelled", f"withdrawn before stage {self.name} ({cancel.reason})")
+        await self._send_evidence(out, [self._stamp(ev, it, timing)])
+        resp = self._error_response(doc, "cancelled", f"cancelled by the caller before stage {self.name}",
+                                    Status.cancelled)
         await self._answer(out, resp, doc.reply_to, self._passthrough_headers(it),
                            idempotent=doc.idempotency_key is not None)
 

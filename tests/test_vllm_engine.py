@@ -132,3 +132,40 @@ async def test_reproducible_tokens_for_the_same_seeds_and_batch(engine):
     print(f"\nbatch of 4 vs each alone: {len(changed)}/4 samples differ (first differing positions {changed}); "
           f"max |dlogprob| on identical samples {max_dlp}")
     assert all(len(g.logprobs) == len(g.token_ids) for g in alone)
+
+
+@pytest.mark.asyncio(loop_scope="session")
+async def test_pieces_as_generated_add_up_to_the_generation(engine):
+    pieces: list[tuple[str, list[int], list[float] | None]] = []
+    s = Sampling(max_tokens=24, temperature=0.8, seed=7, logprobs=True)
+    g = await engine.generate([{"role": "user", "content": "Write one sentence about the sea."}], s,
+                              on_delta=lambda text, ids, lps: pieces.append((text, ids, lps)))
+    assert len(pieces) >= 2 and "".join(p[0] for p in pieces) == g.text
+    assert [t for p in pieces for t in p[1]] == g.token_ids
+    assert [lp for p in pieces for lp in (p[2] or [])] == g.logprobs
+
+
+@pytest.mark.asyncio(loop_scope="session")
+async def test_a_cancelled_request_stops_and_its_batch_mate_finishes(engine):
+    import asyncio
+    import time
+
+    counts = {"kept": 0, "cancelled": 0}
+    s = Sampling(max_tokens=200, temperature=0.0)
+
+    def count(name):
+        return lambda text, ids, lps: counts.__setitem__(name, counts[name] + len(ids))
+
+    msgs = [{"role": "user", "content": "Write a long story about a lighthouse."}]
+    kept = asyncio.create_task(engine.generate(msgs, s, "kept", on_delta=count("kept")))
+    doomed = asyncio.create_task(engine.generate(msgs, s, "doomed", on_delta=count("cancelled")))
+    while counts["cancelled"] < 5:
+        await asyncio.sleep(0.01)
+    doomed.cancel()
+    at_cancel, t_cancel = counts["cancelled"], time.monotonic()
+    with pytest.raises(asyncio.CancelledError):
+        await doomed
+    assert time.monotonic() - t_cancel < 1.0
+    g = await kept
+    assert counts["cancelled"] == at_cancel  # nothing more of it came out after the cancel
+    assert g.finish_reason == "length" and len(g.token_ids) == 200 == counts["kept"]

@@ -4,7 +4,7 @@ whose class says whether another attempt can help."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -55,6 +55,11 @@ class Generation:
         return None if n < 2 else (self.e2e_ms - self.ttft_ms) / (n - 1)
 
 
+# Called with each piece of the answer as the engine makes it: its text, its token ids, their
+# logprobs (when asked for). Synchronous and quick: it runs inside the engine's output loop.
+OnDelta = Callable[[str, list[int], "list[float] | None"], None]
+
+
 class EngineError(Exception):
     """An attempt failed. `error_class` is one word of deployments.RETRYABLE / NON_RETRYABLE."""
 
@@ -71,7 +76,11 @@ class ChatEngine(Protocol):
     async def stop(self) -> None: ...
 
     async def generate(self, messages: list[dict[str, str]], sampling: Sampling,
-                       request_id: str | None = None, adapter: "AdapterSpec | None" = None) -> Generation: ...
+                       request_id: str | None = None, adapter: "AdapterSpec | None" = None,
+                       on_delta: OnDelta | None = None) -> Generation:
+        """The whole generation; `on_delta` sees it piece by piece meanwhile. Cancelling the call
+        stops the engine's work on it (vLLM aborts the request; an HTTP stream is closed)."""
+        ...
 
 
 def as_chat(messages: "Sequence[ChatMessage]") -> list[dict[str, str]]:

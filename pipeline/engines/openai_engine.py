@@ -16,7 +16,7 @@ import httpx
 import orjson
 
 from pipeline.contracts.adapter import AdapterSpec
-from pipeline.engines.chat_engine import EngineError, Generation, Sampling
+from pipeline.engines.chat_engine import EngineError, Generation, OnDelta, Sampling
 
 
 def _status_class(status: int, message: str) -> str:
@@ -69,7 +69,8 @@ class OpenAIEngine:
         return body
 
     async def generate(self, messages: list[dict[str, str]], sampling: Sampling,
-                       request_id: str | None = None, adapter: AdapterSpec | None = None) -> Generation:
+                       request_id: str | None = None, adapter: AdapterSpec | None = None,
+                       on_delta: OnDelta | None = None) -> Generation:
         if self.client is None:
             raise EngineError("engine_dead", "the engine is not started")
         if adapter is not None:  # candidates() never sends one here (Deployment.lora is vllm-only)
@@ -87,7 +88,7 @@ class OpenAIEngine:
                     except (orjson.JSONDecodeError, AttributeError):
                         message = raw.decode(errors="replace")
                     raise EngineError(_status_class(resp.status_code, message), f"HTTP {resp.status_code}: {message}")
-                return await self._read_stream(resp, sampling, t0)
+                return await self._read_stream(resp, sampling, t0, on_delta)
         except httpx.ConnectTimeout as exc:
             raise EngineError("timeout", f"connect timeout to {self.base_url}") from exc
         except httpx.ConnectError as exc:
@@ -97,7 +98,8 @@ class OpenAIEngine:
         except (httpx.RemoteProtocolError, httpx.ReadError, httpx.WriteError) as exc:
             raise EngineError("connection_reset", f"connection to {self.base_url} broke: {exc}") from exc
 
-    async def _read_stream(self, resp: httpx.Response, sampling: Sampling, t0: float) -> Generation:
+    async def _read_stream(self, resp: httpx.Response, sampling: Sampling, t0: float,
+                           on_delta: OnDelta | None) -> Generation:
         text: list[str] = []
         prompt_ids: list[int] = []
         token_ids: list[int] = []
@@ -137,8 +139,10 @@ class OpenAIEngine:
                     last = now
                 text.append(delta)
                 token_ids.extend(int(i) for i in ids)
-                for lp in ((choice.get("logprobs") or {}).get("content") or []):
-                    logprobs.append(float(lp["logprob"]))
+                lps = [float(lp["logprob"]) for lp in ((choice.get("logprobs") or {}).get("content") or [])]
+                logprobs.extend(lps)
+                if on_delta is not None and (delta or ids):
+                    on_delta(delta, [int(i) for i in ids], lps if sampling.logprobs else None)
                 finish = choice.get("finish_reason") or finish
         if not done:
             raise EngineError("connection_reset", "the stream ended before [DONE]")

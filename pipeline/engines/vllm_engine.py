@@ -14,7 +14,7 @@ from pathlib import Path
 
 from pipeline.config.lora import LoraSettings
 from pipeline.contracts.adapter import AdapterSpec
-from pipeline.engines.chat_engine import EngineError, Generation, Sampling, chat_prompt_ids
+from pipeline.engines.chat_engine import EngineError, Generation, OnDelta, Sampling, chat_prompt_ids
 from pipeline.engines.hardware import engine_dtype
 
 ZERO_ADAPTER_ID = 1  # vLLM's id of the all-zero adapter base requests run through while LoRA is on
@@ -108,7 +108,25 @@ class VllmEngine:
         self.tokenizer = self.engine.get_tokenizer()
         if self._zero is not None:
             await self.engine.add_lora(self._zero)
+        await self._warm_up()
         return self
+
+    async def _warm_up(self) -> None:
+        """Sample with logprobs and top-p once alone and twice at once before serving. vLLM compiles
+        its logprob-rank and top-p kernels (torch.compile, g++ on CPU) on first use: on a fresh host
+        that took over 10 s with no output, and the first rollout or logprobs request failed on the
+        stall watchdog (twice, then gave up). The compiled kernels are cached per host: later starts
+        pay ~1 s here."""
+        import asyncio
+
+        msgs = [{"role": "user", "content": "Hi"}]
+        s = Sampling(max_tokens=2, temperature=0.7, top_p=0.9, seed=0, logprobs=True)
+        stall, self.stall_timeout_s = self.stall_timeout_s, max(self.stall_timeout_s, 600.0)  # a compile is no stall
+        try:
+            await self.generate(msgs, s, "_warm-up")
+            await asyncio.gather(*(self.generate(msgs, s, f"_warm-up-{i}") for i in range(2)))
+        finally:
+            self.stall_timeout_s = stall
 
     def _lora_request(self, spec: AdapterSpec):
         from vllm.lora.request import LoRARequest
@@ -195,7 +213,8 @@ class VllmEngine:
             await stream.aclose()
 
     async def generate(self, messages: list[dict[str, str]], sampling: Sampling,
-                       request_id: str | None = None, adapter: AdapterSpec | None = None) -> Generation:
+                       request_id: str | None = None, adapter: AdapterSpec | None = None,
+                       on_delta: OnDelta | None = None) -> Generation:
         from vllm import SamplingParams, TokensPrompt
         from vllm.sampling_params import StructuredOutputsParams
         from vllm.v1.engine.exceptions import EngineDeadError
@@ -220,6 +239,7 @@ class VllmEngine:
         last = t0
         itl: list[float] = []
         final = None
+        sent_text = sent_ids = 0  # vLLM's outputs are cumulative: the piece is what is new in each
         try:
             async for out in self._outputs(self.engine.generate(prompt, params, request_id=request_id or uuid.uuid4().hex,
                                                                 lora_request=lora_request)):
@@ -230,6 +250,9 @@ class VllmEngine:
                     else:
                         itl.append((now - last) * 1000)
                     last = now
+                    if on_delta is not None:
+                        sent_text, sent_ids = _new_piece(out.outputs[0], sampling.logprobs, sent_text, sent_ids,
+                                                         on_delta)
                 final = out
         except EngineDeadError as exc:
             raise EngineError("engine_dead", f"vLLM engine died: {exc}") from exc
@@ -249,3 +272,12 @@ class VllmEngine:
                           finish_reason=str(c.finish_reason), ttft_ms=((first or end) - t0) * 1000, itl_ms=itl,
                           e2e_ms=(end - t0) * 1000, model_revision=self.revision,
                           adapter=None if adapter is None else f"{adapter.name}@{adapter.revision}")
+
+
+def _new_piece(c, logprobs: bool, sent_text: int, sent_ids: int, on_delta: OnDelta) -> tuple[int, int]:
+    """Hand `on_delta` what a cumulative vLLM output has beyond what was sent; the new sent counts."""
+    ids = c.token_ids[sent_ids:]
+    lps = [float(step[tid].logprob) for tid, step in zip(ids, c.logprobs[sent_ids:])] \
+        if logprobs and c.logprobs is not None else None
+    on_delta(c.text[sent_text:], [int(t) for t in ids], lps)
+    return len(c.text), len(c.token_ids)

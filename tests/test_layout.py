@@ -27,6 +27,7 @@ ALLOWED_STAGE_EDGES = {
     ("postprocess", "cache"): "writes generated answers back to the cache, under the cache's policy",
     ("route", "cache"): "reuses the embedding the cache computed for the same text",
     ("admit", "generate"): "refuses an adapter (LoRA is generate's) and prices the deployments it may run on",
+    ("generate", "postprocess"): "un-masks the deltas it streams under postprocess's un-mask policy (one source)",
 }
 
 

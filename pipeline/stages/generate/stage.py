@@ -12,6 +12,7 @@ is an evidence row (`generate.attempt`, step 1, 2, ...); the final decision is t
 from __future__ import annotations
 
 import asyncio
+import itertools
 import logging
 import time
 import uuid
@@ -19,17 +20,19 @@ from dataclasses import replace
 from pathlib import Path
 
 from pipeline.config.settings import Deployment
-from pipeline.contracts import BreakerUpdate, RequestDoc, Response, Status, WeightEvent
+from pipeline.contracts import BreakerUpdate, Cancel, RequestDoc, Response, Status, Usage, WeightEvent
 from pipeline.contracts.adapter import AdapterSpec
 from pipeline.contracts.base import now_ms
 from pipeline.contracts.control import AdapterStateChanged
-from pipeline.engines.chat_engine import ChatEngine, EngineError, Generation, Sampling
+from pipeline.engines.chat_engine import ChatEngine, EngineError, Generation, OnDelta, Sampling
 from pipeline.engines.model_prep import resolve
 from pipeline.engines.provenance import Provenance, provenance_for
 from pipeline.engines.tokenizer import load_chat_tokenizer
 from pipeline.registries.adapters import AdapterRegistry, refuse_adapter
 from pipeline.runtime.stage import Outcome, SideRecord, Stage, StageContext
 from pipeline.runtime.topics import TopicNames
+from pipeline.security.sealing import Keyring, RestoreError, keyring_for, open_sealed
+from pipeline.security.stream_unmask import StreamUnmasker
 from pipeline.stages.generate.actor import ActorReplica
 from pipeline.stages.generate.attempts import (
     Attempted,
@@ -47,6 +50,8 @@ from pipeline.stages.generate.fair_gate import FairGate
 from pipeline.stages.generate.lora.host import AdapterHost
 from pipeline.stages.generate.lora.refusal import adapter_refusal
 from pipeline.stages.generate.rollouts.samples import rollout_rows, sample_seeds
+from pipeline.stages.generate.stream import DeltaSink
+from pipeline.stages.postprocess.policy import PostprocessPolicy
 
 log = logging.getLogger(__name__)
 NO_DEADLINE_MS = 10**9
@@ -95,6 +100,11 @@ class GenerateStage(Stage):
         self.tokenizer = None
         self.provenance: dict[str, Provenance] = {}
         self.member = f"{ctx.settings.worker_id or 'generate'}:{uuid.uuid4().hex[:8]}"
+        self._attempt_seq = itertools.count(1)
+        self.names = TopicNames(ctx.topic_prefix)
+        pp = next((x for x in ctx.settings.stages if x.name == "postprocess"), None)
+        self.unmask_policy = PostprocessPolicy.model_validate(pp.policy if pp else {})  # one source for streams
+        self.keyring: Keyring | None = None
         self.actor = ActorReplica(self.member, self._publish_actor_report)
         self.host = AdapterHost(self.member, self.deployments, self.engines, ctx.settings.lora, self.adapters,
                                 self._publish_control, self._publish_weight_event,
@@ -105,6 +115,7 @@ class GenerateStage(Stage):
         path, revision = await asyncio.to_thread(resolve, s.resolved_data_dir(), s.engine.model_dir, s.engine.dtype)
         # counts prompt tokens for the compatibility check, whichever deployment serves the request
         self.tokenizer = await asyncio.to_thread(load_chat_tokenizer, s)
+        self.keyring = await asyncio.to_thread(keyring_for, s)  # opens restore mappings for streamed deltas
         timeout_s = self.policy.retry.attempt_timeout_ms / 1000
         for d in self.deployments:
             engine = build_engine(d, default_model_dir=path, default_revision=revision, ctx=self.ctx,
@@ -224,25 +235,67 @@ class GenerateStage(Stage):
         out.side = a.side
         return out
 
-    async def _one(self, doc: RequestDoc) -> Outcome:
+    async def _cancellable(self, doc: RequestDoc) -> Outcome:
+        """One request, stopped when its caller withdraws it (runtime/cancels.py):
+        1. watch the request_id; the request runs as its own task;
+        2. a cancel cancels that task: the engine call is cancelled with it, which aborts the request
+           in vLLM (or closes the HTTP stream), and its fair-gate slot is given back;
+        3. the answer is `cancelled`, with the tokens the attempts generated until then (admit
+           settles the hold with them). Other requests of the batch are not touched."""
+        a = Attempts(doc)
+        task = asyncio.ensure_future(self._one(doc, a))
+        withdrawn: list[Cancel] = []
+
+        def cancel(c: Cancel) -> None:
+            withdrawn.append(c)
+            task.cancel()
+
+        unwatch = self.cancels.watch(doc.request_id, cancel) if self.cancels is not None else (lambda: None)
+        try:
+            return await task
+        except asyncio.CancelledError:
+            if not withdrawn or not task.cancelled():
+                raise  # this worker is stopping, not the caller withdrawing
+            return self._withdrawn(a, withdrawn[0])
+        finally:
+            unwatch()
+
+    def _withdrawn(self, a: Attempts, c: Cancel) -> Outcome:
+        d = next((x for x in self.deployments if a.tried and x.name == a.tried[-1]), None)
+        cost = 0.0 if d is None else (a.prompt_tokens * d.cost_per_1k_input + a.tokens_used * d.cost_per_1k_output) / 1000
+        ms = (time.perf_counter() - a.started) * 1000
+        final = self.evidence(a.doc, "cancelled", f"withdrawn by the caller ({c.reason}) during generation",
+                              candidates=a.tried,
+                              scores={"tokens_in": float(a.prompt_tokens), "tokens_out": float(a.tokens_used),
+                                      "attempts": float(len(a.tried)), "latency_ms": round(ms, 2),
+                                      "cancel_lag_ms": float(max(0, now_ms() - c.at_ms))})
+        resp = Response(request_id=a.doc.request_id, status=Status.cancelled, error_class="cancelled",
+                        reason="cancelled by the caller during generation", answered_by=self.name,
+                        deployment=d.name if d else None, cost_usd=round(cost, 8),
+                        usage=Usage(prompt_tokens=a.prompt_tokens if a.tried else 0, completion_tokens=a.tokens_used))
+        out = Outcome.answer(a.doc, resp, *a.rows, final)
+        out.side = a.side
+        return out
+
+    async def _one(self, doc: RequestDoc, a: Attempts) -> Outcome:
         refused = refuse_adapter(doc, self.adapters)  # admit checked it too: a tenant's adapter never runs unchecked
         if refused is not None:
             return adapter_refusal(self, doc, *refused)
         # a rollout samples the active actor revision, taken once: a switch mid-request does not move it
         actor = self.actor.current() if doc.rollout is not None and not (doc.route and doc.route.adapter) else None
         if actor is None:
-            return await self._serve(doc, None)
+            return await self._serve(doc, None, a)
         with self.actor.serving(actor.revision):
-            return await self._serve(doc, actor)
+            return await self._serve(doc, actor, a)
 
-    async def _serve(self, doc: RequestDoc, actor: AdapterSpec | None) -> Outcome:
+    async def _serve(self, doc: RequestDoc, actor: AdapterSpec | None, a: Attempts) -> Outcome:
         """plan → attempts (each recorded as a row) → the answer or the failure."""
         assert self.tokenizer is not None, "start() first"
-        a = Attempts(doc)
         try:
             plan = plan_for(doc, self.policy, self.tokenizer, self.deployments, self.adapters, actor)
         except PlanError as exc:
             return self._failed(a, exc.error_class, str(exc), Status.rejected)
+        a.prompt_tokens = plan.prompt_tokens
         for name, why in plan.refused.items():
             self._row(a, "refused", f"incompatible: {why}", name)
         if not plan.deployments:
@@ -310,11 +363,20 @@ class GenerateStage(Stage):
             limit_ms = remaining_ms if getattr(self.engines[d.name], "watches_progress", False) else \
                 min(self.policy.retry.attempt_timeout_ms, remaining_ms)
             timeout_s = max(0.001, (limit_ms - load_ms) / 1000)
+            sink = self._sink(a)
             try:
                 async with asyncio.timeout(timeout_s):
-                    gens = await self._sample(d, a.doc, plan.messages, plan.sampling, plan.spec, plan.n)
+                    gens = await self._sample(d, a.doc, plan.messages, plan.sampling, plan.spec, plan.n,
+                                              sink.piece if a.doc.rollout is None else None)
             except TimeoutError:
+                await sink.abandon()
                 raise EngineError("timeout", f"no answer within {timeout_s:.1f} s") from None
+            except BaseException:
+                await asyncio.shield(sink.abandon())
+                raise
+            finally:
+                a.tokens_used += sink.tokens
+            await sink.finish()
         return Attempted(gens=gens, t0=t0, ms=(time.perf_counter() - t0) * 1000, waited_ms=waited, load_ms=load_ms,
                          adapter_before=adapter_before, in_flight=in_flight)
 
@@ -364,16 +426,40 @@ class GenerateStage(Stage):
         revision = self.engines[d.name].revision
         return revision if spec is None else f"{revision}+{spec.name}@{spec.revision}"
 
+    def _sink(self, a: Attempts) -> DeltaSink:
+        """The attempt's delta sink (generate/stream.py): it streams when the caller asked for a stream,
+        and counts the tokens in any case."""
+        doc = a.doc
+        attempt = f"{self.member}:{next(self._attempt_seq)}"
+        a.attempt_ids.append(attempt)
+        reply = doc.reply_to
+        if reply is None or not reply.stream or doc.rollout is not None or self.producer is None:
+            return DeltaSink(doc.request_id, attempt)
+        return DeltaSink(doc.request_id, attempt, producer=self.producer, topic=self.names.deltas,
+                         partition=reply.partition, unmasker=self._unmasker(doc),
+                         window_ms=self.policy.stream.window_ms, max_tokens=self.policy.stream.max_tokens)
+
+    def _unmasker(self, doc: RequestDoc) -> StreamUnmasker:
+        """What postprocess will do to the whole answer, done to each piece: restore the placeholders
+        where the tenant's policy allows it (the mapping opened here, in memory, never logged)."""
+        token = doc.masking.restore_token if doc.masking else None
+        if not token or self.keyring is None or not self.unmask_policy.unmask_for(doc.tenant_id):
+            return StreamUnmasker(None, restore=False)
+        try:
+            return StreamUnmasker(open_sealed(token, doc.request_id, self.keyring))
+        except RestoreError:  # postprocess answers unmask_failed; the stream shows placeholders meanwhile
+            return StreamUnmasker(None, restore=False)
+
     async def _sample(self, d: Deployment, doc: RequestDoc, messages: list[dict[str, str]], sampling: Sampling,
-                      spec: AdapterSpec | None, n: int) -> list[Generation]:
+                      spec: AdapterSpec | None, n: int, on_delta: OnDelta | None = None) -> list[Generation]:
         """One generation, or a rollout's n samples side by side (seed + i each, so each is reproducible)."""
         engine = self.engines[d.name]
         if doc.rollout is None:
-            return [await engine.generate(messages, sampling, doc.request_id, adapter=spec)]
+            return [await engine.generate(messages, sampling, doc.request_id, adapter=spec, on_delta=on_delta)]
         seeds = sample_seeds(doc, sampling, n)
         return list(await asyncio.gather(*(
             engine.generate(messages, replace(sampling, seed=seed), f"{doc.request_id}:{i}", adapter=spec)
             for i, seed in enumerate(seeds))))
 
     async def process_batch(self, docs: list[RequestDoc]) -> list[Outcome | BaseException]:
-        return list(await asyncio.gather(*(self._one(d) for d in docs), return_exceptions=True))
+        return list(await asyncio.gather(*(self._cancellable(d) for d in docs), return_exceptions=True))

@@ -5,8 +5,6 @@ applies), and answers the caller; the runtime writes the finished-request row fr
 
 from __future__ import annotations
 
-from pydantic import BaseModel, Field
-
 from pipeline.contracts import RequestDoc, Response, Status
 from pipeline.contracts.response import Usage
 from pipeline.engines.embedder import Embedder, ready_shared_embedder
@@ -14,22 +12,8 @@ from pipeline.runtime.stage import Outcome, SideRecord, StageContext, ThreadedSt
 from pipeline.security.sealing import RestoreError, keyring_for, open_sealed, unmask
 from pipeline.stages.cache.policy import CachePolicy
 from pipeline.stages.cache.semantic import put_record
+from pipeline.stages.postprocess.policy import PostprocessPolicy
 from pipeline.stages.postprocess.schema import schema_violation
-
-
-class PostprocessPolicy(BaseModel):
-    version: str = "postprocess-v1"
-    unmask: bool = True
-    tenant_unmask: dict[str, bool] = Field(default_factory=dict)
-    cache: CachePolicy | None = Field(None, description="write-backs' boundaries and TTLs; None: the cache "
-                                                        "stage's own policy from the topology (one source)")
-    write_back: bool = True
-    shadow_agree_min: float = Field(0.8, ge=0, le=1, description="a shadow hit whose cached answer is less "
-                                                                 "similar than this to the generated one counts "
-                                                                 "as a would-be false hit")
-
-    def unmask_for(self, tenant: str | None) -> bool:
-        return self.tenant_unmask.get(tenant or "", self.unmask)
 
 
 class PostprocessStage(ThreadedStage):

@@ -34,6 +34,9 @@ SECTIONS = [
             "that visit it, the request rate it can carry. The first row limits the pipeline"),
     Section("request_latency", "Latency callers saw",
             "TTFT: time to the first token; TPOT: time per further output token; E2E: creation to answer (ms)"),
+    Section("stream_latency", "Streaming: what callers saw vs the engine",
+            "streamed answers: front door receive to first text chunk and the gaps between chunks, beside the "
+            "engine's TTFT and time per token for the same requests (ms); disconnected callers were cancelled"),
     Section("cache_by_domain", "Cache by domain",
             "hits are served from the cache; shadow hits are looked up and not served; the false-hit estimate "
             "is the share of shadow hits whose cached answer disagreed with the model's"),

@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 from typing import Annotated, Any, Optional
 
+import orjson
 import typer
 
 from pipeline.cli.app import app
@@ -56,9 +57,12 @@ def submit(prompt: Annotated[str, typer.Option("--prompt", help="the user messag
            idempotency_key: Annotated[Optional[str], typer.Option("--idempotency-key")] = None,
            tenant: Annotated[Optional[str], typer.Option("--tenant", help="tenant id (tests; keys map to tenants)")] = None,
            timeout: Annotated[float, typer.Option("--timeout", help="seconds to wait (also the deadline)")] = 60.0,
+           stream: Annotated[bool, typer.Option("--stream", help="print the answer as it is generated (with "
+                                                                  "--json: one {\"piece\": ...} line each)")] = False,
            data_dir: DataDir = Path(".llmpipe"), config: ConfigFile = None, bootstrap: Bootstrap = None,
            json: Json = False) -> None:
-    """Send one request and print its terminal answer (exit 2 when the status is not ok)."""
+    """Send one request and print its terminal answer (exit 2 when the status is not ok). Ctrl-C
+    while streaming cancels the request."""
     from pipeline.contracts.request import ChatBody, ChatMessage
     from pipeline.ingress.client import Client
 
@@ -71,20 +75,44 @@ def submit(prompt: Annotated[str, typer.Option("--prompt", help="the user messag
         async with Client(bs, topic_prefix=prefix, security=s.kafka, doorbell_dir=_stack_doorbell(s)) as client:
             doc = client.build(body=body, timeout_s=timeout, api_key=_caller_key(s, api_key, tenant),
                                idempotency_key=idempotency_key, tenant_id=tenant)
-            return await client.request(doc, timeout + 5)
+            if not stream:
+                return await client.request(doc, timeout + 5), None
+            return await _print_stream(client, doc, timeout + 5, json)
 
-    resp = asyncio.run(run())
+    resp, streamed = asyncio.run(run())
     answer = {k: v for k, v in resp.model_dump(mode="json").items() if k in {
         "request_id", "status", "text", "error_class", "reason", "route", "model", "adapter", "cache", "usage", "timings"}}
+    if streamed is not None:
+        answer["stream"] = streamed
     if json:
         _print_json(answer)
     else:
         out.print(f"[bold]{resp.status.value}[/] {resp.request_id}")
-        if resp.text is not None:
+        if resp.text is not None and streamed is None:
             out.print(resp.text, markup=False, highlight=False)
     if resp.status.value != "ok":
         sys.stderr.write(f"{resp.status.value}: {resp.error_class}: {resp.reason}\n")
         raise typer.Exit(EXIT_NOT_OK)
+
+
+async def _print_stream(client, doc, timeout_s: float, as_json: bool) -> tuple[Any, dict[str, Any]]:
+    """Print each piece as it comes; the terminal answer and how the stream went."""
+    import time
+
+    from pipeline.ingress.stream_follow import Ended
+
+    t0, first_ms, pieces = time.perf_counter(), None, 0
+    async for ev in client.stream(doc, timeout_s):
+        if isinstance(ev, Ended):
+            if not as_json:
+                sys.stdout.write("\n")
+            return ev.response, {"pieces": pieces, "first_piece_ms": first_ms, "error": ev.error}
+        if ev.text:
+            pieces += 1
+            first_ms = first_ms if first_ms is not None else round((time.perf_counter() - t0) * 1000, 1)
+            sys.stdout.write(orjson.dumps({"piece": ev.text}).decode() + "\n" if as_json else ev.text)
+            sys.stdout.flush()
+    raise RuntimeError("the stream ended without an answer")
 
 
 @app.command()

@@ -5,6 +5,11 @@
 
 Answers are correlated by request_id; delivery is at-least-once, so duplicates are dropped
 (the first answer wins) and counted in `client.duplicates`.
+
+Streaming: `async for event in client.stream(doc)` yields the answer's pieces as generate sends
+them (`delta/v1` on `deltas`, the partition numbered like this client's reply partition), then
+one `Ended` with the terminal answer; ingress/stream_follow.py says what is shown when attempts
+change. Leaving the loop early publishes a `cancel` record: the pipeline stops working on it.
 """
 
 from __future__ import annotations
@@ -14,15 +19,17 @@ import logging
 import random
 import uuid
 from collections import OrderedDict
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 
 from pipeline.config.settings import KafkaSecurity, kafka_kwargs
-from pipeline.contracts import ReplyTo, RequestDoc, Response
+from pipeline.contracts import Cancel, Delta, ReplyTo, RequestDoc, Response
 from pipeline.contracts.base import now_ms
 from pipeline.contracts.request import ChatBody, ChatMessage
+from pipeline.ingress.stream_follow import Ended, Piece, StreamFollower
 from pipeline.runtime.bellpoll import BellPoller
 from pipeline.runtime.codec import decode, encode, request_headers
 from pipeline.runtime.doorbell import Bell, producer_class
@@ -69,6 +76,9 @@ class Client:
         self.unknown = 0
         self._reader: asyncio.Task | None = None
         self._closing = False
+        self._streams: dict[str, asyncio.Queue[Delta | Response]] = {}
+        self.streams_on = False  # the `deltas` partition of this reply partition is read
+        self._background: set[asyncio.Task] = set()
 
     async def start(self) -> "Client":
         cls, extra = producer_class(self.doorbell_dir)
@@ -84,17 +94,23 @@ class Client:
                                          fetch_max_wait_ms=5, auto_offset_reset="earliest", **self.kafka)
         await self.consumer.start()
         await asyncio.sleep(0)  # aiokafka: a consumer stopped before its first tick raises CancelledError
-        tp = TopicPartition(self.names.responses, self.reply_partition)
-        self.consumer.assign([tp])
-        await self.consumer.seek_to_end(tp)
-        await self.consumer.position(tp)  # fixed before the first publish: no answer can be missed
+        tps = [TopicPartition(self.names.responses, self.reply_partition)]
+        if self.reply_partition in (await self.producer.partitions_for(self.names.deltas) or ()):
+            tps.append(TopicPartition(self.names.deltas, self.reply_partition))
+            self.streams_on = True
+        self.consumer.assign(tps)
+        await self.consumer.seek_to_end(*tps)
+        for tp in tps:
+            await self.consumer.position(tp)  # fixed before the first publish: no answer can be missed
         if self.doorbell_dir is not None:
-            self._bell = await Bell(self.doorbell_dir, [self.names.responses]).start()
+            self._bell = await Bell(self.doorbell_dir, [tp.topic for tp in tps]).start()
         self._reader = asyncio.create_task(self._read_replies())
         return self
 
     async def stop(self) -> None:
         self._closing = True  # the reader also checks this: a cancel alone can land between polls
+        if self._background:
+            await asyncio.gather(*self._background, return_exceptions=True)
         if self._reader is not None:
             self._reader.cancel()
             await asyncio.gather(self._reader, return_exceptions=True)
@@ -177,6 +193,76 @@ class Client:
             self._pending.pop(request_id, None)
             raise ClientTimeout(f"no answer for {request_id} within {timeout_s or self.default_timeout_s:.0f}s") from None
 
+    async def cancel(self, request_id: str, reason: str = "caller") -> None:
+        """Withdraw a request: the worker generating it stops, a stage it has not reached skips it,
+        and its terminal answer is `cancelled` (runtime/cancels.py)."""
+        assert self.producer is not None, "start() the client first"
+        await self.producer.send_and_wait(self.names.cancel, encode(Cancel(request_id=request_id, reason=reason)),
+                                          key=request_id.encode())
+
+    def cancel_soon(self, request_id: str, reason: str = "caller") -> None:
+        """`cancel` from code that may not await (a cancelled task's cleanup); stop() waits for it."""
+        self._soon(self.cancel(request_id, reason), "a cancel")
+
+    def publish_soon(self, topic: str, record: Any, key: str) -> None:
+        """Publish a record without waiting for the broker (e.g. the front door's timing evidence)."""
+        assert self.producer is not None, "start() the client first"
+        self._soon(self.producer.send_and_wait(topic, encode(record), key=key.encode()), "a record")
+
+    def _soon(self, coro, what: str) -> None:
+        task = asyncio.get_running_loop().create_task(coro)
+        self._background.add(task)
+
+        def done(t: asyncio.Task) -> None:
+            self._background.discard(t)
+            if not t.cancelled() and t.exception() is not None:
+                log.warning("client: %s could not be published: %s", what, type(t.exception()).__name__)
+
+        task.add_done_callback(done)
+
+    async def stream(self, doc: RequestDoc, timeout_s: float | None = None, *, cancel_on_exit: bool = True,
+                     cancel_reason: str = "caller") -> AsyncIterator[Piece | Ended]:
+        """Publish `doc` asking for a stream; yield each Piece to show, then the Ended (always last).
+        Raises ClientTimeout when no terminal answer came in time. Leaving early (break, an
+        exception, a timeout) cancels the request unless `cancel_on_exit` is False."""
+        if not self.streams_on:
+            raise RuntimeError(f"topic {self.names.deltas} has no partition {self.reply_partition}: "
+                               "run `llmpipe topics apply`")
+        reply = doc.reply_to or self.reply_to
+        if not reply.stream:
+            doc = doc.model_copy(update={"reply_to": reply.model_copy(update={"stream": True})})
+        rid = doc.request_id
+        queue: asyncio.Queue[Delta | Response] = asyncio.Queue()
+        self._streams[rid] = queue
+        follower = StreamFollower()
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + (timeout_s or self.default_timeout_s)
+        ended = False
+        try:
+            await self.submit(doc)
+            while True:
+                try:
+                    item = await _get_within(queue, deadline - loop.time())
+                except TimeoutError:
+                    raise ClientTimeout(f"no answer for {rid} within {timeout_s or self.default_timeout_s:.0f}s") from None
+                if isinstance(item, Delta):
+                    piece = follower.delta(item)
+                    if piece is not None:
+                        yield piece
+                    continue
+                rest, end = follower.end(item)
+                ended = True
+                if rest is not None:
+                    yield rest
+                yield end
+                return
+        finally:
+            self._streams.pop(rid, None)
+            if not ended:
+                self._pending.pop(rid, None)
+                if cancel_on_exit and not self._closing:
+                    self.cancel_soon(rid, cancel_reason)
+
     async def _read_replies(self) -> None:
         assert self.consumer is not None
         # awake (no bell, or doorbell step 5): fast while answers are awaited, slow when none are
@@ -186,7 +272,20 @@ class Client:
             batches = await poller.poll(busy=len(self._pending))
             for records in batches.values():
                 for rec in records:
-                    self._deliver(rec.value)
+                    if rec.topic == self.names.deltas:
+                        self._deliver_delta(rec.value)
+                    else:
+                        self._deliver(rec.value)
+
+    def _deliver_delta(self, value: bytes | None) -> None:
+        try:
+            d = decode(value, Delta)
+        except DecodeError:
+            self.unknown += 1
+            return
+        queue = self._streams.get(d.request_id)
+        if queue is not None:  # else: another caller's stream on a shared partition, or one given up on
+            queue.put_nowait(d)
 
     def _deliver(self, value: bytes | None) -> None:
         try:
@@ -207,3 +306,12 @@ class Client:
             self._answered.popitem(last=False)
         if not fut.done():
             fut.set_result(resp)
+        queue = self._streams.get(rid)
+        if queue is not None:
+            queue.put_nowait(resp)
+
+
+async def _get_within(queue: asyncio.Queue, timeout_s: float):
+    """One wait with its own timeout: a timeout around a generator's loop would fire in its caller's code."""
+    async with asyncio.timeout(max(0.0, timeout_s)):
+        return await queue.get()

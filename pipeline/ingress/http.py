@@ -13,9 +13,11 @@ revoked between door and mask is refused) and strips. The key is never logged. P
 `llmpipe` object of the body (`extra_body={"llmpipe": {...}}` in the openai client): timeout_s,
 context, device_id, device.
 
-Streaming: the answer is released only after postprocess (un-masking, JSON-schema validation) has
-seen all of it, so `stream: true` sends the finished answer as word-sized SSE chunks the moment it
-arrives; errors are HTTP statuses before any chunk. See docs/ARCHITECTURE.md, "Front door".
+Streaming (`stream: true`): the text is sent as generate makes it (deltas, un-masked where the
+tenant allows), one `chat.completion.chunk` per delta the moment it arrives, then the terminal
+answer's finish; ingress/sse.py has the event order, ingress/stream_follow.py what the caller sees
+when an attempt changes. An error before any text is an HTTP status; after it, an error event.
+A caller who disconnects cancels the request. See docs/ARCHITECTURE.md, "Streaming".
 """
 
 from __future__ import annotations
@@ -37,8 +39,10 @@ from pydantic import ValidationError
 from pipeline.config.settings import Settings
 from pipeline.contracts import RequestDoc, Response
 from pipeline.ingress.client import Client, ClientTimeout
-from pipeline.ingress.openai_body import BodyError, chat_request
-from pipeline.ingress.openai_reply import completion, error_body, http_status, retry_after_s, stream_chunks
+from pipeline.ingress.openai_body import BodyError, ChatRequest, chat_request
+from pipeline.ingress.openai_reply import completion, error_body, http_status, retry_after_s
+from pipeline.ingress.sse import SseReply, stream_evidence
+from pipeline.ingress.stream_follow import Ended, Piece
 from pipeline.registries.tenants import Caller, TenantRegistry
 from pipeline.runtime.asgi import AsgiServer
 from pipeline.runtime.codec import describe_validation_error
@@ -80,6 +84,7 @@ class FrontDoor:
         self._tokenizer_lock = asyncio.Lock()  # concurrent first callers wait for one load
         self._tokenizer_tried = False
         self.ready = False
+        self._background: set[asyncio.Future] = set()  # streams closed after their caller left
         self.warnings = config_warnings(settings)
         for w in self.warnings:
             log.warning("front door: %s", w)
@@ -97,6 +102,8 @@ class FrontDoor:
 
     async def stop(self) -> None:
         self.ready = False
+        if self._background:
+            await asyncio.gather(*self._background, return_exceptions=True)
         if self.follower is not None:
             await self.follower.stop()
         await self.client.stop()
@@ -164,31 +171,37 @@ class FrontDoor:
         t0 = time.perf_counter()
         request_id = uuid.uuid4().hex
         try:
-            resp, parsed = await self._answer(request, request_id)
+            doc, parsed, timeout_s = await self._request(request, request_id)
+            if parsed.stream:
+                return await self._stream(doc, parsed, timeout_s, t0)
+            resp = await self._wait(doc, timeout_s)
         except HttpError as exc:
-            _REQUESTS.labels(str(exc.status)).inc()
-            return JSONResponse(error_body(exc.status, exc.message, exc.code, request_id), exc.status,
-                                headers={"x-request-id": request_id, "x-answered-by": "frontdoor", **exc.headers})
-        finally:
             _LATENCY.observe(time.perf_counter() - t0)
-        status = http_status(resp)
-        _REQUESTS.labels(str(status)).inc()
-        headers = {"x-request-id": resp.request_id, "x-answered-by": resp.answered_by}
-        if status != 200:
-            if status == 429:
-                headers["retry-after"] = str(retry_after_s(resp))
-            message = resp.reason or resp.error_class or resp.status.value
-            return JSONResponse(error_body(status, message, resp.error_class or resp.status.value, resp.request_id),
-                                status, headers=headers)
+            return self._http_error(exc, request_id)
+        _LATENCY.observe(time.perf_counter() - t0)
+        if (status := http_status(resp)) != 200:
+            return self._error_answer(resp, status)
+        _REQUESTS.labels("200").inc()
         token_text = await self.token_text() if parsed.body.logprobs else None
-        model = parsed.body.model
-        if parsed.stream:
-            return StreamingResponse(_sse(stream_chunks(resp, model, parsed.include_usage, token_text)),
-                                     media_type="text/event-stream", headers={**headers, "cache-control": "no-cache"})
-        return HttpResponse(orjson.dumps(completion(resp, model, token_text)), media_type="application/json",
-                            headers=headers)
+        return HttpResponse(orjson.dumps(completion(resp, parsed.body.model, token_text)),
+                            media_type="application/json", headers=_answer_headers(resp))
 
-    async def _answer(self, request: Request, request_id: str):
+    def _http_error(self, exc: HttpError, request_id: str) -> JSONResponse:
+        _REQUESTS.labels(str(exc.status)).inc()
+        return JSONResponse(error_body(exc.status, exc.message, exc.code, request_id), exc.status,
+                            headers={"x-request-id": request_id, "x-answered-by": "frontdoor", **exc.headers})
+
+    def _error_answer(self, resp: Response, status: int) -> JSONResponse:
+        _REQUESTS.labels(str(status)).inc()
+        headers = _answer_headers(resp)
+        if status == 429:
+            headers["retry-after"] = str(retry_after_s(resp))
+        message = resp.reason or resp.error_class or resp.status.value
+        return JSONResponse(error_body(status, message, resp.error_class or resp.status.value, resp.request_id),
+                            status, headers=headers)
+
+    async def _request(self, request: Request, request_id: str) -> tuple[RequestDoc, ChatRequest, float]:
+        """Authenticate, read and check the body: the request event, not yet published."""
         if not self.ready:
             raise HttpError(503, "not_ready", "the front door is starting or stopping")
         _, caller = await self._caller(request.headers.get("authorization"))
@@ -215,14 +228,73 @@ class FrontDoor:
         if caller is not None:  # the key stays here: the request carries the door's signed word instead
             assert self.keyring is not None
             doc = doc.model_copy(update={"caller_assertion": sign_assertion(doc, caller, self.keyring)})
+        return doc, parsed, timeout_s
+
+    @staticmethod
+    def _wait_s(doc: RequestDoc) -> float:
+        return max(0.0, (doc.deadline_ms or 0) / 1000 - time.time()) + GRACE_S
+
+    async def _wait(self, doc: RequestDoc, timeout_s: float) -> Response:
         fut = await self.client.submit(doc)
-        wait_s = max(0.0, (doc.deadline_ms or 0) / 1000 - time.time()) + GRACE_S
         try:
-            resp: Response = await self.client.wait(doc.request_id, fut, wait_s)
+            return await self.client.wait(doc.request_id, fut, self._wait_s(doc))
         except ClientTimeout:
-            raise HttpError(504, "no_answer_in_time", f"no answer within {timeout_s:.0f}s",  # published: it
-                            {"x-answered-by": "pending"}) from None  # will be answered and recorded later
-        return resp, parsed
+            raise _no_answer(timeout_s) from None
+
+    async def _stream(self, doc: RequestDoc, parsed: ChatRequest, timeout_s: float, t0: float) -> HttpResponse:
+        """`stream: true`: the first event decides the HTTP status. A terminal error before any text
+        is an HTTP error, as without streaming; otherwise a 200 event stream follows the events as
+        they come (SseReply), and a caller who leaves cancels the request."""
+        events = self.client.stream(doc, self._wait_s(doc), cancel_reason="disconnected")
+        try:
+            first = await anext(events)
+        except ClientTimeout:
+            await events.aclose()
+            raise _no_answer(timeout_s) from None
+        except BaseException:
+            await events.aclose()
+            raise
+        if isinstance(first, Ended) and (status := http_status(first.response)) != 200:
+            await events.aclose()
+            _LATENCY.observe(time.perf_counter() - t0)
+            return self._error_answer(first.response, status)
+        _REQUESTS.labels("200").inc()
+        token_text = await self.token_text() if parsed.body.logprobs else None
+        reply = SseReply(doc.request_id, parsed.body.model, parsed.include_usage, token_text, t0)
+        return StreamingResponse(self._sse(doc, reply, first, events), media_type="text/event-stream",
+                                 headers={"x-request-id": doc.request_id, "cache-control": "no-cache"})
+
+    async def _sse(self, doc: RequestDoc, reply: SseReply, first: Piece | Ended,
+                   events: AsyncIterator[Piece | Ended]) -> AsyncIterator[bytes]:
+        """Each event as it comes, then the timing evidence. A caller who disconnects cancels this
+        generator (Starlette); the request is then cancelled from a task of its own, since any
+        await here would be cancelled again."""
+        try:
+            for data in reply.on(first):
+                yield data
+            while not reply.ended:
+                try:
+                    event = await anext(events)
+                except ClientTimeout:
+                    yield reply.error(504, "no_answer_in_time", "no answer before the deadline")
+                    break
+                for data in reply.on(event):
+                    yield data
+        finally:
+            # closing the stream cancels the request unless it ended (Client.stream); a caller who left
+            # cancelled this generator, so the close runs as a task of its own
+            closing = asyncio.ensure_future(events.aclose())
+            self._background.add(closing)
+            closing.add_done_callback(self._background.discard)
+            _LATENCY.observe(time.perf_counter() - reply.t0)
+            self._record_stream(doc, reply)
+
+    def _record_stream(self, doc: RequestDoc, reply: SseReply) -> None:
+        """The caller-side timing of a streamed answer, as an evidence row next to the stages' (it is
+        known only here, after the terminal answer was written)."""
+        ev = stream_evidence(doc, reply)
+        if ev is not None:
+            self.client.publish_soon(TopicNames(self.settings.topic_prefix).evidence, ev, doc.request_id)
 
     def _build_app(self) -> FastAPI:
         app = FastAPI(title="llmpipe", docs_url=None, redoc_url=None, openapi_url=None)
@@ -256,10 +328,13 @@ def config_warnings(settings: Settings) -> list[str]:
     return out
 
 
-async def _sse(chunks) -> AsyncIterator[bytes]:
-    for c in chunks:
-        yield b"data: " + orjson.dumps(c) + b"\n\n"
-    yield b"data: [DONE]\n\n"
+def _answer_headers(resp: Response) -> dict[str, str]:
+    return {"x-request-id": resp.request_id, "x-answered-by": resp.answered_by}
+
+
+def _no_answer(timeout_s: float) -> HttpError:
+    # published: it will be answered and recorded later
+    return HttpError(504, "no_answer_in_time", f"no answer within {timeout_s:.0f}s", {"x-answered-by": "pending"})
 
 
 class HttpServer:

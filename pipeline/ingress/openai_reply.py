@@ -1,11 +1,10 @@
-"""Terminal answers in OpenAI's wire format: the chat.completion body, its stream chunks, and the
+"""Terminal answers in OpenAI's wire format: the chat.completion body and the
 HTTP status and error body for every error class the pipeline answers with."""
 
 from __future__ import annotations
 
 import math
-import re
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 from pipeline.contracts import Response, Status
@@ -26,7 +25,9 @@ STATUS_BY_CLASS: dict[str, int] = {
     "adapter_unavailable": 503,
     "deadline_exceeded": 504, "no_answer_in_time": 504,
 }
-FALLBACK_BY_STATUS = {Status.rejected: 400, Status.error: 502, Status.deadline_exceeded: 504}
+# cancelled: 499 (nginx's "client closed request"); only a caller that published a `cancel` record and
+# still waits over HTTP for the same request_id could see it
+FALLBACK_BY_STATUS = {Status.rejected: 400, Status.error: 502, Status.deadline_exceeded: 504, Status.cancelled: 499}
 
 ERROR_TYPE = {401: "authentication_error", 403: "permission_error", 409: "conflict_error",
               413: "invalid_request_error", 422: "invalid_request_error", 400: "invalid_request_error",
@@ -63,7 +64,8 @@ def llmpipe_extension(resp: Response) -> dict[str, Any]:
     return {"request_id": resp.request_id, "route": resp.route, "deployment": resp.deployment,
             "adapter": resp.adapter, "placement": resp.placement, "cache": resp.cache, "cost_usd": resp.cost_usd,
             "duplicate_of": resp.duplicate_of, "answered_by": resp.answered_by,
-            "timings": {k: v.model_dump() for k, v in resp.timings.items()}}
+            "timings": {k: v.model_dump() for k, v in resp.timings.items()},
+            "engine": {"ttft_ms": resp.ttft_ms, "tpot_ms": resp.tpot_ms}}
 
 
 TokenText = Callable[[int], str]
@@ -79,7 +81,7 @@ def logprobs_content(resp: Response, token_text: TokenText) -> list[dict[str, An
     return out
 
 
-def _usage(resp: Response) -> dict[str, int]:
+def usage_of(resp: Response) -> dict[str, int]:
     u = resp.usage
     return {"prompt_tokens": u.prompt_tokens, "completion_tokens": u.completion_tokens,
             "total_tokens": u.prompt_tokens + u.completion_tokens}
@@ -98,36 +100,5 @@ def completion(resp: Response, requested_model: str | None, token_text: TokenTex
         "choices": [{"index": 0, "message": {"role": "assistant", "content": resp.text or ""},
                      "logprobs": {"content": lp} if lp is not None else None,
                      "finish_reason": resp.finish_reason or "stop"}],
-        "usage": _usage(resp), "system_fingerprint": resp.deployment, "llmpipe": llmpipe_extension(resp),
+        "usage": usage_of(resp), "system_fingerprint": resp.deployment, "llmpipe": llmpipe_extension(resp),
     }
-
-
-_PIECES = re.compile(r"\s*\S+\s*|\s+")
-
-
-def text_pieces(text: str) -> list[str]:
-    """The answer cut into word-sized deltas that concatenate back to it exactly."""
-    return _PIECES.findall(text) or [""]
-
-
-def stream_chunks(resp: Response, requested_model: str | None, include_usage: bool,
-                  token_text: TokenText | None = None) -> Iterator[dict[str, Any]]:
-    """`chat.completion.chunk`s of an ok answer: the role, the text in pieces, the finish reason and,
-    when asked, a last chunk with the usage (OpenAI's stream_options.include_usage)."""
-    base = {"id": completion_id(resp), "object": "chat.completion.chunk", "created": resp.finished_ms // 1000,
-            "model": resp.model or requested_model or "llmpipe", "system_fingerprint": resp.deployment}
-
-    def chunk(delta: dict[str, Any], finish: str | None = None, **extra: Any) -> dict[str, Any]:
-        return {**base, "choices": [{"index": 0, "delta": delta, "logprobs": extra.pop("logprobs", None),
-                                     "finish_reason": finish}], **extra}
-
-    yield chunk({"role": "assistant", "content": ""})
-    for piece in text_pieces(resp.text or ""):
-        yield chunk({"content": piece})
-    # the deltas are the answer's text (un-masked: it may differ from the model's tokens), so the
-    # per-token logprobs travel whole on the finishing chunk
-    lp = logprobs_content(resp, token_text) if token_text is not None else None
-    yield chunk({}, resp.finish_reason or "stop", logprobs={"content": lp} if lp is not None else None,
-                llmpipe=llmpipe_extension(resp))
-    if include_usage:
-        yield {**base, "choices": [], "usage": _usage(resp)}

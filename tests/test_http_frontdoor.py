@@ -1,6 +1,8 @@
 """The OpenAI-compatible front door on the running stack (`llmpipe up --processes`, real vLLM), called
 with the official `openai` client: completions, streamed chunks, logprobs, JSON-schema output,
-images, idempotency keys, and every error status a caller can meet."""
+images, idempotency keys, and every error status a caller can meet. Streaming: tokens arrive as
+they are generated, PII restored whole in them, a caller who leaves stops the engine, and a
+generate worker killed mid-stream shows the caller no text twice."""
 
 from __future__ import annotations
 
@@ -33,8 +35,8 @@ def closed_port() -> int:
 @pytest.fixture(scope="module")
 def door(tmp_path_factory):
     data_dir = tmp_path_factory.mktemp("frontdoor")
-    keys = {t: new_api_key() for t in ("acme", "tight", "other")}
-    limits = {"tight": {"rpm": 1}}
+    keys = {t: new_api_key() for t in ("acme", "tight", "other", "slots")}
+    limits = {"tight": {"rpm": 1}, "slots": {"concurrency": 2}}
     roots = data_dir / "adapters"
     for name in ("support-lora", "spare-lora"):
         (roots / name).mkdir(parents=True)
@@ -264,3 +266,172 @@ def test_no_api_key_rests_on_any_topic(door):
         if topic.startswith("stage."):
             assert all(b'"caller_assertion":null' in rec.value or b"caller_assertion" not in rec.value
                        for rec in records)
+
+
+def _sql(data_dir, query: str) -> list[dict]:
+    r = llmpipe("sql", query, "--format", "json", data_dir=data_dir)
+    assert r.returncode == 0, r.stderr
+    return last_json(r)
+
+
+def _rows_when(data_dir, query: str, ok, timeout: float = 60) -> list[dict]:
+    deadline = time.monotonic() + timeout
+    while True:
+        rows = _sql(data_dir, query)
+        if ok(rows) or time.monotonic() > deadline:
+            return rows
+        time.sleep(1)
+
+
+def _deltas_of(info, request_id: str) -> list[dict]:
+    import asyncio
+
+    import orjson
+
+    from tests.conftest import read_topic
+
+    records = asyncio.run(read_topic(info["bootstrap"], info["topic_prefix"] + "deltas", 1_000_000, timeout=3))
+    return [d for rec in records if (d := orjson.loads(rec.value))["request_id"] == request_id]
+
+
+def test_stream_tokens_arrive_as_generated_with_pii_restored_whole(door):
+    info, keys, data_dir = door
+    c = client(info, keys["acme"])
+    t0 = time.perf_counter()
+    arrivals, usage, rid = [], None, None
+    for ch in c.chat.completions.create(model="small", max_tokens=96, temperature=0, stream=True,
+                                        stream_options={"include_usage": True},
+                                        messages=[{"role": "user", "content": "Count from 1 to 100, separated by commas."}]):
+        rid = ch.id.removeprefix("chatcmpl-")
+        if ch.choices and ch.choices[0].delta.content:
+            arrivals.append((time.perf_counter() - t0, ch.choices[0].delta.content))
+        usage = ch.usage or usage
+    total = time.perf_counter() - t0
+    assert usage is not None and usage.completion_tokens >= 64
+    assert arrivals[0][0] < total / 2, (arrivals[0][0], total)  # the first text long before the end
+    assert len(arrivals) >= 8  # pieces as they came, not the finished answer at once
+    deltas = _deltas_of(info, rid)
+    assert "".join(d["text"] for d in deltas) == "".join(t for _, t in arrivals)  # nothing added or lost
+    assert sum(len(d["token_ids"]) for d in deltas) == usage.completion_tokens
+    row = _rows_when(data_dir, f"SELECT scores FROM decisions FINAL WHERE request_id = '{rid}' AND stage = 'frontdoor'",
+                     lambda rows: bool(rows))
+    assert row and 0 < row[0]["scores"]["caller_ttft_ms"] < total * 1000 and row[0]["scores"]["chunks"] == len(arrivals)
+
+    # a name the model echoes: it saw a placeholder (split over several tokens), the caller sees the name
+    chunks = [ch for ch in c.chat.completions.create(
+        model="small", max_tokens=24, temperature=0, stream=True,
+        messages=[{"role": "user", "content": "Say exactly this and nothing else: Hello John Smith"}])]
+    texts = [ch.choices[0].delta.content or "" for ch in chunks if ch.choices]
+    rid = chunks[0].id.removeprefix("chatcmpl-")
+    assert "John Smith" in "".join(texts), texts
+    assert not any("<" in t or "PERSON" in t for t in texts), texts  # no placeholder, whole or in part
+    masked = _sql(data_dir, f"SELECT scores FROM decisions FINAL WHERE request_id = '{rid}' AND stage = 'mask'")
+    assert masked and masked[0]["scores"].get("entities.PERSON") == 1.0, masked  # the model saw a placeholder
+    held = [d for d in _deltas_of(info, rid) if d["text"] == "" and d["token_ids"]]
+    assert held, "the placeholder's tokens were held back until it was whole"
+
+
+def test_python_client_stream_concatenates_to_the_terminal_text(door):
+    import asyncio
+    from pathlib import Path
+
+    from pipeline.contracts.request import ChatBody, ChatMessage
+    from pipeline.ingress.client import Client
+    from pipeline.ingress.stream_follow import Ended
+
+    info, keys, _ = door
+
+    async def run():
+        async with Client(info["bootstrap"], topic_prefix=info["topic_prefix"],
+                          doorbell_dir=Path(info["doorbell_dir"])) as cl:
+            body = ChatBody(messages=[ChatMessage(role="user", content="Name five fruits, one per line.")],
+                            max_tokens=48, temperature=0)
+            events = [ev async for ev in cl.stream(cl.build(body=body, api_key=keys["acme"], timeout_s=120), 120)]
+        return events
+
+    events = asyncio.run(run())
+    end = events[-1]
+    assert isinstance(end, Ended) and end.ok and end.response.status.value == "ok"
+    pieces = [ev for ev in events[:-1]]
+    assert len(pieces) >= 4 and "".join(p.text for p in pieces) == end.response.text
+    assert {p.attempt for p in pieces if p.attempt} and len({p.attempt for p in pieces if p.attempt}) == 1
+
+
+def test_a_caller_who_leaves_stops_the_engine_and_frees_the_slot(door):
+    info, keys, data_dir = door
+    body = {"model": "small", "max_tokens": 512, "temperature": 0, "stream": True,
+            "messages": [{"role": "user", "content": "Write a very long story about a dragon."}]}
+    headers = {"Authorization": f"Bearer {keys['slots']}"}
+    seen = 0
+    with httpx.Client(timeout=120) as h, h.stream("POST", info["http_url"] + "/v1/chat/completions", json=body,
+                                                 headers=headers) as r:
+        assert r.status_code == 200
+        rid = r.headers["x-request-id"]
+        for line in r.iter_lines():
+            if line.startswith("data: ") and '"content":"' in line and '"content":""' not in line:
+                seen += 1
+                if seen == 5:
+                    break
+    left_ms = int(time.time() * 1000)  # the connection is closed here
+    rows = _rows_when(data_dir, f"SELECT status, error_class, tokens_out FROM requests FINAL WHERE request_id = '{rid}'",
+                      lambda rows: bool(rows))
+    assert rows and rows[0]["status"] == "cancelled" and rows[0]["error_class"] == "cancelled"
+    deltas = _deltas_of(info, rid)
+    after = [d for d in deltas if d["at_ms"] > left_ms]
+    tokens_after = sum(len(d["token_ids"]) for d in after)
+    stopped_ms = max(d["at_ms"] for d in deltas) - left_ms
+    # the engine stopped within 1 s of the disconnect, far short of 512 tokens
+    assert stopped_ms < 1000 and rows[0]["tokens_out"] < 100, (stopped_ms, tokens_after, rows)
+    ev = _sql(data_dir, f"SELECT stage, decision, scores FROM decisions FINAL WHERE request_id = '{rid}' "
+                        "AND stage IN ('generate', 'frontdoor') AND step = 0 ORDER BY stage")
+    assert [(e["stage"], e["decision"]) for e in ev] == [("frontdoor", "streamed"), ("generate", "cancelled")]
+    assert ev[1]["scores"]["tokens_out"] == rows[0]["tokens_out"]
+    # the tenant's two concurrency slots are free again: a burst of two is admitted in full
+    import concurrent.futures
+
+    with concurrent.futures.ThreadPoolExecutor(2) as pool:
+        burst = list(pool.map(lambda i: client(info, keys["slots"]).chat.completions.create(
+            model="small", max_tokens=4, messages=[{"role": "user", "content": f"Say the number {i}."}]), range(2)))
+    assert all(b.choices[0].message.content is not None for b in burst)
+
+
+def test_zz_generate_killed_mid_stream_shows_no_text_twice(door):
+    """Last in the module: the supervisor restarts the killed worker, the request is redelivered,
+    the new attempt streams from its first token and the caller sees a clean continuation."""
+    import asyncio
+    import os
+    import signal
+    from pathlib import Path
+
+    from pipeline.contracts.request import ChatBody, ChatMessage
+    from pipeline.ingress.client import Client
+    from pipeline.ingress.stream_follow import Ended
+
+    info, keys, data_dir = door
+    pid = info["pids"]["worker:generate"]
+
+    async def run():
+        async with Client(info["bootstrap"], topic_prefix=info["topic_prefix"],
+                          doorbell_dir=Path(info["doorbell_dir"])) as cl:
+            body = ChatBody(messages=[ChatMessage(role="user", content="Count from 1 to 100, separated by commas.")],
+                            max_tokens=64, temperature=0)
+            doc = cl.build(body=body, api_key=keys["acme"], timeout_s=400)
+            events = []
+            async for ev in cl.stream(doc, 400):
+                events.append(ev)
+                if len(events) == 4:
+                    os.kill(pid, signal.SIGKILL)
+            return doc.request_id, events
+
+    rid, events = asyncio.run(run())
+    end = events[-1]
+    assert isinstance(end, Ended)
+    shown = "".join(ev.text for ev in events[:-1])
+    if end.ok:  # a clean continuation: exactly the answer, nothing twice
+        assert shown == end.response.text
+        attempts = [ev.attempt for ev in events[:-1] if ev.attempt]
+        assert len(set(attempts)) == 2, "the answer was finished by a second attempt"
+    else:  # or a clear error before the deadline
+        assert end.error in ("stream_diverged", "deadline_exceeded"), end
+    rows = _rows_when(data_dir, f"SELECT status FROM requests FINAL WHERE request_id = '{rid}'", lambda rows: bool(rows))
+    assert len(rows) == 1

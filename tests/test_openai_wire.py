@@ -3,13 +3,18 @@ statuses out (no infrastructure)."""
 
 from __future__ import annotations
 
+import time
+
+import orjson
 import pytest
 from pydantic import ValidationError
 
 from pipeline.contracts import Response, Status
 from pipeline.contracts.response import Usage
 from pipeline.ingress.openai_body import BodyError, chat_request
-from pipeline.ingress.openai_reply import completion, http_status, retry_after_s, stream_chunks, text_pieces
+from pipeline.ingress.openai_reply import completion, http_status, retry_after_s
+from pipeline.ingress.sse import SseReply
+from pipeline.ingress.stream_follow import Ended, Piece
 
 
 def answer(**kw) -> Response:
@@ -18,20 +23,42 @@ def answer(**kw) -> Response:
     return Response(**{**base, **kw})
 
 
-@pytest.mark.parametrize("text", ["", "one", " lead and trail  ", "a\n\nb\tc", "한국어 문장입니다.", "  "])
-def test_text_pieces_concatenate_back_exactly(text):
-    assert "".join(text_pieces(text)) == text
+def _events(raw: list[bytes]) -> list:
+    """The SSE `data:` payloads, parsed (DONE as the string)."""
+    out = []
+    for block in b"".join(raw).split(b"\n\n"):
+        if block.startswith(b"data: "):
+            body = block[6:]
+            out.append("[DONE]" if body == b"[DONE]" else orjson.loads(body))
+    return out
 
 
-def test_stream_chunks_role_pieces_finish_usage():
-    chunks = list(stream_chunks(answer(), "asked", include_usage=True))
-    assert chunks[0]["choices"][0]["delta"] == {"role": "assistant", "content": ""}
-    body = [c for c in chunks if c["choices"]]
+def test_sse_role_pieces_finish_usage_done():
+    reply = SseReply("r1", "asked", include_usage=True, token_text=None, t0=time.perf_counter())
+    raw = [*reply.on(Piece("Hello there, ", "a1")), *reply.on(Piece("세계!  ", "a1")),
+           *reply.on(Piece("Bye.", None)), *reply.on(Ended(answer()))]
+    ev = _events(raw)
+    assert ev[0]["choices"][0]["delta"] == {"role": "assistant", "content": ""} and ev[-1] == "[DONE]"
+    body = [c for c in ev[:-1] if c["choices"]]
     assert "".join(c["choices"][0]["delta"].get("content", "") for c in body) == "Hello there, 세계!  Bye."
     assert [c["choices"][0]["finish_reason"] for c in body].count("stop") == 1
-    assert chunks[-1]["choices"] == [] and chunks[-1]["usage"]["total_tokens"] == 9
-    assert {c["id"] for c in chunks} == {"chatcmpl-r1"} and chunks[0]["model"] == "m"
-    assert all(c["choices"] for c in stream_chunks(answer(), None, include_usage=False))
+    assert ev[-2]["choices"] == [] and ev[-2]["usage"]["total_tokens"] == 9
+    assert {c["id"] for c in ev[:-1]} == {"chatcmpl-r1"} and reply.ended and reply.outcome == "ok"
+    assert len(reply.sent_at) == 3 and len(reply.gaps_ms()) == 2
+    plain = SseReply("r1", None, include_usage=False, token_text=None, t0=time.perf_counter())
+    assert all(c["choices"] for c in _events(plain.on(Ended(answer())))[:-1])
+
+
+def test_sse_error_after_text_is_an_openai_error_event():
+    reply = SseReply("r2", "asked", include_usage=False, token_text=None, t0=time.perf_counter())
+    raw = [*reply.on(Piece('{"city": ', "a1")),
+           *reply.on(Ended(answer(status=Status.error, error_class="schema_invalid", text=None,
+                                  reason="the answer does not satisfy the requested JSON schema"), "schema_invalid"))]
+    ev = _events(raw)
+    assert ev[-1] == "[DONE]" and ev[-2]["error"]["code"] == "schema_invalid"
+    assert ev[-2]["error"]["type"] == "api_error" and "JSON schema" in ev[-2]["error"]["message"]
+    assert not any(c.get("choices") and c["choices"][0]["finish_reason"] for c in ev[:-2] if isinstance(c, dict))
+    assert reply.outcome == "schema_invalid"
 
 
 def test_completion_logprobs_spelled_by_the_given_tokenizer():
@@ -49,7 +76,7 @@ def test_completion_logprobs_spelled_by_the_given_tokenizer():
     (Status.rejected, "in_progress", 409), (Status.deadline_exceeded, "deadline_exceeded", 504),
     (Status.error, "connection_refused", 502), (Status.error, "schema_invalid", 502),
     (Status.error, "no_compatible_deployment", 503), (Status.error, "processing_failed", 500),
-    (Status.rejected, "something_new", 400),
+    (Status.rejected, "something_new", 400), (Status.cancelled, "cancelled", 499),
 ])
 def test_http_status_by_error_class(status, error_class, http):
     assert http_status(answer(status=status, error_class=error_class, text=None)) == http

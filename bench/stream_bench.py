@@ -1,0 +1,197 @@
+"""Streaming through the front door vs the engine's own timing (`llmpipe up --processes`, real vLLM).
+
+    .venv/bin/python bench/stream_bench.py              # 8 concurrent streams, 4 rounds, 64 tokens (~6 min)
+    .venv/bin/python bench/stream_bench.py --rounds 1   # a quick look
+
+Each round sends 8 streamed chat completions at once (distinct prompts: every one a cache miss)
+with httpx and stamps every SSE chunk as it is read. For the same requests the finishing chunk's
+`llmpipe` extension carries the engine's TTFT and TPOT (measured inside generate around the engine
+call) and every stage's queue and service time. Per request:
+
+    caller TTFT      = request sent → first chunk with text read (at this client)
+    pre-engine time  = queue + service of every stage before generate, + generate's queue time
+    stream overhead  = caller TTFT − engine TTFT − pre-engine time
+                       (the door, the hops, generate's own work before the engine call, and the
+                       delta's way back: producer → broker → door → SSE)
+    inter-chunk gaps = between consecutive text chunks at this client, vs the engine's TPOT
+
+Targets (issue 20): stream overhead p50 ≤ 30 ms; inter-chunk p50 ≤ 1.2 × engine ITL + the
+coalescing window (25 ms). Prints a table and one JSON line (the last line of stdout).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+import httpx  # noqa: E402
+import typer  # noqa: E402
+import yaml  # noqa: E402
+from rich.console import Console  # noqa: E402
+from rich.table import Table  # noqa: E402
+
+from bench._common import pct  # noqa: E402
+
+OVERHEAD_TARGET_MS = 30.0
+WINDOW_MS = 25.0
+console = Console(width=None if sys.stdout.isatty() else 130)
+log = Console(stderr=True)
+PRE_ENGINE = ("mask", "cache", "route", "admit", "media", "vision")
+
+
+def cli(*args: str, data_dir: Path, timeout: float) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "pipeline.cli", *args, "--data-dir", str(data_dir)], cwd=ROOT,
+                          capture_output=True, text=True, timeout=timeout)
+
+
+async def one_stream(http: httpx.AsyncClient, url: str, key: str, prompt: str, max_tokens: int) -> dict[str, Any]:
+    body = {"model": "small", "max_tokens": max_tokens, "temperature": 0, "stream": True,
+            "messages": [{"role": "user", "content": prompt}]}
+    t0 = time.perf_counter()
+    sent_wall_ms = time.time() * 1000
+    first_wall_ms = None
+    arrivals: list[float] = []
+    ext: dict[str, Any] = {}
+    async with http.stream("POST", url, json=body, headers={"Authorization": f"Bearer {key}"}) as r:
+        r.raise_for_status()
+        async for line in r.aiter_lines():
+            if not line.startswith("data: ") or line == "data: [DONE]":
+                continue
+            chunk = json.loads(line[6:])
+            choice = (chunk.get("choices") or [{}])[0]
+            if (choice.get("delta") or {}).get("content"):
+                arrivals.append(time.perf_counter())
+                first_wall_ms = first_wall_ms or time.time() * 1000
+            if chunk.get("llmpipe"):
+                ext = chunk["llmpipe"]
+    timings = ext.get("timings", {})
+    engine = ext.get("engine", {})
+    pre = sum(t["queue_ms"] + t["service_ms"] for st, t in timings.items() if st in PRE_ENGINE)
+    pre += timings.get("generate", {}).get("queue_ms", 0.0)
+    caller_ttft = (arrivals[0] - t0) * 1000 if arrivals else None
+    return {"caller_ttft_ms": caller_ttft, "engine_ttft_ms": engine.get("ttft_ms"), "tpot_ms": engine.get("tpot_ms"),
+            "pre_engine_ms": pre, "gaps_ms": [(b - a) * 1000 for a, b in zip(arrivals, arrivals[1:])],
+            "chunks": len(arrivals), "request_id": ext.get("request_id"), "sent_wall_ms": sent_wall_ms,
+            "first_wall_ms": first_wall_ms}
+
+
+async def first_delta_ms(bootstrap: str, topic: str) -> dict[str, int]:
+    """request_id -> when generate made its first delta (wall ms, the record's at_ms)."""
+    from aiokafka import AIOKafkaConsumer, TopicPartition
+
+    c = AIOKafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False, auto_offset_reset="earliest")
+    await c.start()
+    out: dict[str, int] = {}
+    try:
+        tps = [TopicPartition(topic, p) for p in sorted(c.partitions_for_topic(topic) or range(12))]
+        c.assign(tps)
+        await c.seek_to_beginning(*tps)
+        quiet = 0
+        while quiet < 3:
+            got = await c.getmany(timeout_ms=500)
+            quiet = 0 if got else quiet + 1
+            for recs in got.values():
+                for r in recs:
+                    d = json.loads(r.value)
+                    if d["text"]:
+                        out[d["request_id"]] = min(out.get(d["request_id"], d["at_ms"]), d["at_ms"])
+    finally:
+        await c.stop()
+    return out
+
+
+async def run_rounds(url: str, key: str, rounds: int, concurrency: int, max_tokens: int) -> list[dict[str, Any]]:
+    out = []
+    async with httpx.AsyncClient(timeout=300) as http:
+        await one_stream(http, url, key, "Say hello.", 4)  # warm: the door's first request loads its client
+        for r in range(rounds):
+            prompts = [f"Count from {r * 100 + i} to {r * 100 + i + 60}, separated by commas." for i in range(concurrency)]
+            out += await asyncio.gather(*(one_stream(http, url, key, p, max_tokens) for p in prompts))
+            log.print(f"round {r + 1}/{rounds}: {sum(x['chunks'] for x in out[-concurrency:])} chunks")
+    return out
+
+
+def summarise(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    ok = [x for x in rows if x["caller_ttft_ms"] is not None and x["engine_ttft_ms"] is not None]
+    over = [x["caller_ttft_ms"] - x["engine_ttft_ms"] - x["pre_engine_ms"] for x in ok]
+    # where the overhead is: before the first delta existed (door publish, generate's own work before
+    # the engine call) and after (delta → broker → door → HTTP → here); wall clocks of one host
+    timed = [x for x in ok if x.get("first_delta_ms") and x["first_wall_ms"]]
+    delivery = [x["first_wall_ms"] - x["first_delta_ms"] for x in timed]
+    before = [x["first_delta_ms"] - x["sent_wall_ms"] - x["engine_ttft_ms"] - x["pre_engine_ms"] for x in timed]
+    gaps = [g for x in ok for g in x["gaps_ms"]]
+    tpot = [x["tpot_ms"] for x in ok if x["tpot_ms"] is not None]
+
+    def p(v: list[float], q: float) -> float | None:
+        r = pct(v, q)
+        return None if r is None else round(r, 1)
+
+    gap_limit = None if p(tpot, 50) is None else round(1.2 * p(tpot, 50) + WINDOW_MS, 1)
+    return {
+        "requests": len(rows), "measured": len(ok),
+        "caller_ttft_ms": {"p50": p([x["caller_ttft_ms"] for x in ok], 50), "p95": p([x["caller_ttft_ms"] for x in ok], 95)},
+        "engine_ttft_ms": {"p50": p([x["engine_ttft_ms"] for x in ok], 50), "p95": p([x["engine_ttft_ms"] for x in ok], 95)},
+        "pre_engine_ms": {"p50": p([x["pre_engine_ms"] for x in ok], 50), "p95": p([x["pre_engine_ms"] for x in ok], 95)},
+        "stream_overhead_ms": {"p50": p(over, 50), "p95": p(over, 95), "target_p50": OVERHEAD_TARGET_MS},
+        "overhead_before_first_delta_ms": {"p50": p(before, 50), "p95": p(before, 95)},
+        "first_delta_delivery_ms": {"p50": p(delivery, 50), "p95": p(delivery, 95)},
+        "inter_chunk_ms": {"p50": p(gaps, 50), "p95": p(gaps, 95), "limit_p50": gap_limit},
+        "engine_tpot_ms": {"p50": p(tpot, 50), "p95": p(tpot, 95)},
+        "chunks_per_request": p([float(x["chunks"]) for x in ok], 50),
+        "overhead_met": bool(over) and p(over, 50) <= OVERHEAD_TARGET_MS,
+        "gaps_met": bool(gaps) and gap_limit is not None and p(gaps, 50) <= gap_limit,
+    }
+
+
+def main(rounds: int = typer.Option(4, help="rounds of concurrent streams"),
+         concurrency: int = typer.Option(8, help="streams at once"),
+         max_tokens: int = typer.Option(64, help="tokens per answer")) -> None:
+    from pipeline.registries.tenants import key_hash, new_api_key
+
+    key = new_api_key()
+    with tempfile.TemporaryDirectory(prefix="stream-bench-") as tmp:
+        data_dir = Path(tmp)
+        cfg = data_dir / "llmpipe.yaml"
+        cfg.write_text(yaml.safe_dump({"tenants": [{"name": "bench", "limits": {"concurrency": 64, "rpm": 100_000},
+                                                    "api_keys": [{"key_sha256": key_hash(key)}]}]}))
+        t0 = time.monotonic()
+        up = cli("up", "--detach", "--processes", "--config", str(cfg), "--json", data_dir=data_dir, timeout=900)
+        if up.returncode != 0:
+            raise SystemExit(f"llmpipe up failed: {up.stderr[-2000:]}")
+        info = json.loads(up.stdout.strip().splitlines()[-1])
+        log.print(f"stack up in {time.monotonic() - t0:.0f} s")
+        try:
+            rows = asyncio.run(run_rounds(info["http_url"] + "/v1/chat/completions", key, rounds, concurrency,
+                                          max_tokens))
+            firsts = asyncio.run(first_delta_ms(info["bootstrap"], info["topic_prefix"] + "deltas"))
+            for x in rows:
+                x["first_delta_ms"] = firsts.get(x["request_id"])
+        finally:
+            cli("down", data_dir=data_dir, timeout=300)
+    result = {"bench": "stream", "rounds": rounds, "concurrency": concurrency, "max_tokens": max_tokens,
+              "cpus": os.cpu_count(), **summarise(rows)}
+    table = Table(title=f"{concurrency} concurrent streams × {rounds} rounds, {max_tokens} tokens")
+    for col in ("", "p50 ms", "p95 ms"):
+        table.add_column(col)
+    for name in ("caller_ttft_ms", "engine_ttft_ms", "pre_engine_ms", "stream_overhead_ms",
+                 "overhead_before_first_delta_ms", "first_delta_delivery_ms", "inter_chunk_ms", "engine_tpot_ms"):
+        table.add_row(name, str(result[name]["p50"]), str(result[name]["p95"]))
+    console.print(table)
+    console.print(f"overhead p50 ≤ {OVERHEAD_TARGET_MS} ms: {result['overhead_met']}; inter-chunk p50 ≤ "
+                  f"{result['inter_chunk_ms']['limit_p50']} ms: {result['gaps_met']}")
+    print(json.dumps(result))
+
+
+if __name__ == "__main__":
+    typer.run(main)

@@ -270,16 +270,15 @@ class FrontDoor:
         generator (Starlette); the request is then cancelled from a task of its own, since any
         await here would be cancelled again."""
         try:
-            for data in reply.on(first):
-                yield data
+            # one write per event: small writes in a row wait on the peer's delayed ACK (Nagle)
+            yield b"".join(reply.on(first))
             while not reply.ended:
                 try:
                     event = await anext(events)
                 except ClientTimeout:
                     yield reply.error(504, "no_answer_in_time", "no answer before the deadline")
                     break
-                for data in reply.on(event):
-                    yield data
+                yield b"".join(reply.on(event))
         finally:
             # closing the stream cancels the request unless it ended (Client.stream); a caller who left
             # cancelled this generator, so the close runs as a task of its own

@@ -315,25 +315,22 @@ class StageHandler:
                                           reason=reason, answered_by=self.name))
 
     async def _deadline_exceeded(self, out: Outputs, it: Item, doc: RequestDoc, started: int) -> None:
-        timing = self._timing(it, started, now_ms())
-        doc = doc.model_copy(update={"timings": [*doc.timings, timing]})
         late = started - (doc.deadline_ms or started)
-        ev = self.stage.evidence(doc, "deadline_exceeded", f"deadline passed {late} ms before processing")
-        await self._send_evidence(out, [self._stamp(ev, it, timing)])
-        resp = self._error_response(doc, "deadline_exceeded", f"deadline passed {late} ms before stage {self.name}",
-                                    Status.deadline_exceeded)
-        await self._answer(out, resp, doc.reply_to, self._passthrough_headers(it),
-                           idempotent=doc.idempotency_key is not None)
+        await self._unprocessed(out, it, doc, started, "deadline_exceeded", f"deadline passed {late} ms before processing",
+                                f"deadline passed {late} ms before stage {self.name}", Status.deadline_exceeded)
 
     async def _withdrawn(self, out: Outputs, it: Item, doc: RequestDoc, started: int, cancel: Cancel) -> None:
+        await self._unprocessed(out, it, doc, started, "cancelled", f"withdrawn before stage {self.name} ({cancel.reason})",
+                                f"cancelled by the caller before stage {self.name}", Status.cancelled)
+
+    async def _unprocessed(self, out: Outputs, it: Item, doc: RequestDoc, started: int, decision: str, why: str,
+                           answer_reason: str, status: Status) -> None:
+        """A record answered without processing (step 2): its evidence row, then the answer."""
         timing = self._timing(it, started, now_ms())
         doc = doc.model_copy(update={"timings": [*doc.timings, timing]})
-        ev = self.stage.evidence(doc, "cancelled", f"withdrawn before stage {self.name} ({cancel.reason})")
-        await self._send_evidence(out, [self._stamp(ev, it, timing)])
-        resp = self._error_response(doc, "cancelled", f"cancelled by the caller before stage {self.name}",
-                                    Status.cancelled)
-        await self._answer(out, resp, doc.reply_to, self._passthrough_headers(it),
-                           idempotent=doc.idempotency_key is not None)
+        await self._send_evidence(out, [self._stamp(self.stage.evidence(doc, decision, why), it, timing)])
+        await self._answer(out, self._error_response(doc, decision, answer_reason, status), doc.reply_to,
+                           self._passthrough_headers(it), idempotent=doc.idempotency_key is not None)
 
     async def _failed(self, out: Outputs, w: _Work, exc: BaseException) -> None:
         error_class = getattr(exc, "error_class", "processing_failed")

@@ -118,7 +118,7 @@ def test_admit_and_generate_refuse_an_adapter_the_tenant_may_not_use(adapter_dir
     s = Settings(data_dir=tmp_path, stages=[StageSpec(name=stage_name)], adapters=[spec(adapter_dir)])
     cls = {"admit": AdmitStage, "generate": GenerateStage}[stage_name]
     stage = cls(StageContext(spec=s.stage(stage_name), settings=s, runtime=s.runtime))
-    run = stage.process if stage_name == "admit" else stage._one
+    run = stage.process if stage_name == "admit" else stage._cancellable
     out = asyncio.run(run(doc(tenant="globex", adapter="support-lora")))
     assert out.response is not None and out.response.error_class == "adapter_forbidden"
     assert out.evidence[0].decision == "refused" and out.evidence[0].labels == {"adapter": "support-lora"}

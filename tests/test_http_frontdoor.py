@@ -330,6 +330,18 @@ def test_stream_tokens_arrive_as_generated_with_pii_restored_whole(door):
     held = [d for d in _deltas_of(info, rid) if d["text"] == "" and d["token_ids"]]
     assert held, "the placeholder's tokens were held back until it was whole"
 
+    # a JSON-schema answer cut short by max_tokens: its text streamed, then the end is an error event
+    schema = {"type": "object", "properties": {"story": {"type": "string"}}, "required": ["story"],
+              "additionalProperties": False}
+    got = []
+    with pytest.raises(openai.APIError) as e:
+        for ch in c.chat.completions.create(
+                model="small", max_tokens=4, stream=True, messages=[{"role": "user", "content": "A story as JSON."}],
+                response_format={"type": "json_schema", "json_schema": {"name": "s", "schema": schema}}):
+            got.append(ch.choices[0].delta.content or "" if ch.choices else "")
+    assert e.value.code == "schema_invalid" and "JSON schema" in e.value.message
+    assert "".join(got).startswith("{"), got  # the text came first, as it was generated; never repaired
+
 
 def test_python_client_stream_concatenates_to_the_terminal_text(door):
     import asyncio

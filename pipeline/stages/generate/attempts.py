@@ -16,7 +16,7 @@ from pipeline.config.settings import Deployment
 from pipeline.contracts import Evidence, RequestDoc
 from pipeline.contracts.adapter import AdapterSpec
 from pipeline.contracts.request import GenerationSection
-from pipeline.engines.chat_engine import Generation, Sampling, as_chat, chat_prompt_ids
+from pipeline.engines.chat_engine import Generation, Sampling, as_chat, chat_prompt_len
 from pipeline.registries.adapters import AdapterRegistry
 from pipeline.runtime.stage import SideRecord
 from pipeline.stages.generate.deployments import BreakerPolicy, Needs, RetryPolicy, candidates, estimated_cost
@@ -113,7 +113,7 @@ def plan_for(doc: RequestDoc, policy: GeneratePolicy, tokenizer, deployments: li
             raise PlanError("invalid_request", str(exc)) from None
     spec = actor or (adapters.specs.get(doc.route.adapter) if doc.route and doc.route.adapter else None)
     messages = as_chat(doc.body.messages)
-    prompt_tokens = len(chat_prompt_ids(tokenizer, messages))
+    prompt_tokens = chat_prompt_len(tokenizer, messages)  # the length only: a third of the ids' cost
     needs = needs_for(doc, prompt_tokens, sampling, spec)
     preferred, strict = where_to_run(doc, policy)
     ok, refused = candidates(deployments, preferred, needs, only_preferred=strict)

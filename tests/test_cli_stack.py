@@ -65,12 +65,6 @@ def test_up_submit_sql_replay_down(stack, tmp_path):
         ans = last_json(r)
         assert ans["status"] == "ok" and ans["text"] == p.upper()
         assert set(ans["timings"]) == {"classify", "answer"}
-    # --stream: these stages send no deltas, so the whole text comes from the terminal answer, as one piece
-    r = llmpipe("submit", "--prompt", "stream me", "--stream", "--json", data_dir=tmp_path)
-    assert r.returncode == 0, r.stderr
-    lines = [orjson.loads(line) for line in r.stdout.strip().splitlines()]
-    assert lines[:-1] == [{"piece": "STREAM ME"}] and lines[-1]["text"] == "STREAM ME"
-    assert lines[-1]["stream"]["pieces"] == 1 and lines[-1]["stream"]["error"] is None
     secret = "sk-live-SECRET123"
     pii = "call me at 010-9876-5432"
     r = llmpipe("submit", "--prompt", pii, "--api-key", secret, "--json", data_dir=tmp_path)
@@ -125,6 +119,13 @@ def test_up_submit_sql_replay_down(stack, tmp_path):
         time.sleep(0.5)
     assert shadow_rows() == [6, 1, "classify-v2"]
     assert count() == 12, "a shadow replay answers nobody and forwards nothing"
+
+    # --stream: these stages send no deltas, so the whole text comes from the terminal answer, as one piece
+    r = llmpipe("submit", "--prompt", "stream me", "--stream", "--json", data_dir=tmp_path)
+    assert r.returncode == 0, r.stderr
+    lines = [orjson.loads(line) for line in r.stdout.strip().splitlines()]
+    assert lines[:-1] == [{"piece": "STREAM ME"}] and lines[-1]["text"] == "STREAM ME"
+    assert lines[-1]["stream"]["pieces"] == 1 and lines[-1]["stream"]["error"] is None
 
 
 def test_cli_errors_are_one_line(tmp_path):

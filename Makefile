@@ -34,7 +34,7 @@ deploy-tools:
 	  || echo "warning: could not install docker-compose; the compose validation test will say why" >&2; }
 
 test: install deploy-tools
-	OMP_NUM_THREADS=1 $(PY) -m pytest -q -p no:cacheprovider
+	OMP_NUM_THREADS=1 $(PY) -m pytest -q -p no:cacheprovider --durations=40
 
 # The main job: the embedded stack on the bundled traffic (examples/demo_traffic.jsonl) through the
 # front door, then the analyst report. A fresh data dir each run.

@@ -15,6 +15,7 @@ class Evidence(WireModel):
     schema_: Literal["evidence/v1"] = Field(EVIDENCE_SCHEMA, alias="schema")
     request_id: str
     tenant_id: str = ""
+    episode_id: str = ""
     stage: str
     decision: str
     reason: str = ""

@@ -14,6 +14,7 @@ from pipeline.contracts.base import WireModel, now_ms
 from pipeline.contracts.caller_schema import caller_schema_problem
 
 REQUEST_SCHEMA = "request/v1"
+EPISODE_ID = r"^[A-Za-z0-9_.:-]{1,128}$"  # an id, never free text: it lands in every warehouse table
 # The tenant of a request that names none (auth off, or published past mask): metered by the
 # stack's tenant defaults and scoped like any other tenant, never "no tenant, no limits".
 ANONYMOUS_TENANT = "anonymous"
@@ -140,6 +141,11 @@ class RouteSection(WireModel):
     placement: Literal["local", "cloud", "degraded"] = "cloud"
     placement_reason: Literal["privacy", "deadline", "network", "thermal", "quality"] = "quality"
     policy_version: str
+    experiment: str | None = Field(None, description="the experiment this request was assigned in")
+    variant: str | None = None
+    assignment: Literal["episode", "request"] | None = Field(None, description="the unit the variant was drawn for")
+    system_prompt: str | None = Field(None, description="the variant's system prompt, put before the caller's messages")
+    prompt_revision: str | None = None
 
 
 class HookSpec(WireModel):
@@ -297,6 +303,9 @@ class RequestDoc(WireModel):
     deadline_ms: int | None = Field(None, description="epoch ms after which nobody waits")
     attempt: int = Field(0, ge=0, description="caller's retry number of this request_id")
     idempotency_key: str | None = None
+    episode_id: str | None = Field(None, pattern=EPISODE_ID, description="groups the requests of one episode "
+                                   "(a conversation, an agent run): experiments assign per episode, and "
+                                   "feedback may target it")
     device_id: str | None = None
     device: DeviceState | None = None
     traceparent: str | None = None

@@ -43,6 +43,7 @@ class Response(WireModel):
     schema_: Literal["response/v1"] = Field(RESPONSE_SCHEMA, alias="schema")
     request_id: str
     tenant_id: str | None = None
+    episode_id: str | None = None
     status: Status
     text: str | None = None
     finish_reason: str | None = Field(None, description="ok answers: stop | length (the model's), stop for cache hits")
@@ -55,6 +56,8 @@ class Response(WireModel):
     requested_model: str | None = Field(None, description="the model the caller asked for (`model` ran)")
     deployment: str | None = Field(None, description="the deployment that generated the answer")
     adapter: str | None = None
+    experiment: str | None = Field(None, description="the experiment the request was assigned in, and its variant")
+    variant: str | None = None
     placement: str | None = None
     cache: str | None = Field(None, description="hit | miss | bypass")
     domain: str | None = Field(None, description="the cache domain the request was looked up in")

@@ -17,6 +17,7 @@ class Rollout(WireModel):
     group_id: str
     request_id: str
     tenant_id: str = ""
+    episode_id: str = ""
     prompt_dataset_revision: str = ""
     actor_revision: str
     reward_revision: str = ""

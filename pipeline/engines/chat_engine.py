@@ -83,9 +83,16 @@ class ChatEngine(Protocol):
         ...
 
 
-def as_chat(messages: "Sequence[ChatMessage]") -> list[dict[str, str]]:
-    """The conversation as a chat template reads it (vision has already added its message)."""
-    return [{"role": m.role, "content": m.content} for m in messages]
+def as_chat(messages: "Sequence[ChatMessage]", system_prompt: str | None = None) -> list[dict[str, str]]:
+    """The conversation as a chat template reads it (vision has already added its message). A route
+    variant's `system_prompt` comes first, joined with the caller's own system message when there is
+    one (chat templates expect at most one, at the start)."""
+    chat = [{"role": m.role, "content": m.content} for m in messages]
+    if not system_prompt:
+        return chat
+    if chat and chat[0]["role"] == "system":
+        return [{"role": "system", "content": f"{system_prompt}\n\n{chat[0]['content']}"}, *chat[1:]]
+    return [{"role": "system", "content": system_prompt}, *chat]
 
 
 def chat_prompt_ids(tokenizer, messages: list[dict[str, str]]) -> list[int]:

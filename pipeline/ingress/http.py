@@ -58,6 +58,7 @@ _LATENCY = Histogram("llmpipe_http_seconds", "front-door chat completion latency
                      buckets=(0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120))
 GRACE_S = 2.0  # wait this long past the deadline: the pipeline's own deadline answer is better than ours
 RECHECK_KEYS_EVERY_S = 1.0  # an unknown key re-reads `control` (a key just issued) at most this often
+EPISODE_HEADER = "x-llmpipe-episode-id"  # or `llmpipe.episode_id` in the body
 
 
 class HttpError(Exception):
@@ -222,7 +223,8 @@ class FrontDoor:
                 idempotency_key=request.headers.get("idempotency-key") or None,
                 traceparent=request.headers.get("traceparent") or None,
                 **({"context": ext.context} if ext and ext.context else {}),
-                device_id=ext.device_id if ext else None, device=ext.device if ext else None)
+                device_id=ext.device_id if ext else None, device=ext.device if ext else None,
+                episode_id=(ext.episode_id if ext else None) or request.headers.get(EPISODE_HEADER) or None)
         except ValidationError as exc:
             raise HttpError(422, "invalid_request", describe_validation_error(exc)) from None
         if caller is not None:  # the key stays here: the request carries the door's signed word instead

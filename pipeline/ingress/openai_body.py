@@ -8,7 +8,7 @@ from typing import Any
 from pydantic import Field, ValidationError
 
 from pipeline.contracts.base import WireModel
-from pipeline.contracts.request import ChatBody, ChatMessage, DeviceState, RequestContext, ResponseFormat
+from pipeline.contracts.request import EPISODE_ID, ChatBody, ChatMessage, DeviceState, RequestContext, ResponseFormat
 
 
 class BodyError(ValueError):
@@ -89,6 +89,8 @@ class Extension(WireModel):
     context: RequestContext | None = None
     device_id: str | None = Field(None, max_length=128)
     device: DeviceState | None = None
+    episode_id: str | None = Field(None, pattern=EPISODE_ID, description="the episode this request belongs to "
+                                   "(also the `x-llmpipe-episode-id` header)")
 
 
 @dataclass

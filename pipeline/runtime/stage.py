@@ -174,6 +174,7 @@ class Stage:
         return Evidence(
             request_id=doc.request_id,
             tenant_id=doc.tenant_id or "",
+            episode_id=doc.episode_id or "",
             stage=self.name,
             decision=decision,
             reason=reason,

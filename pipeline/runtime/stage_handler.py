@@ -307,7 +307,10 @@ class StageHandler:
             "request_id": doc.request_id, "tenant_id": doc.tenant_id, "answered_by": self.name,
             "created_ms": doc.created_ms, "timings": {**times, **resp.timings},
             "replay_id": self.replay.replay_id if self.replay else "", "images": images,
-            "requested_model": doc.body.model, "route": resp.route or (doc.route.decision if doc.route else None), "domain": doc.cache.domain if doc.cache else doc.context.domain,
+            "requested_model": doc.body.model, "route": resp.route or (doc.route.decision if doc.route else None),
+            "domain": doc.cache.domain if doc.cache else doc.context.domain, "episode_id": doc.episode_id,
+            "experiment": doc.route.experiment if doc.route else None,
+            "variant": doc.route.variant if doc.route else None,
         })
 
     def _error_response(self, doc: RequestDoc, error_class: str, reason: str, status: Status = Status.error) -> Response:

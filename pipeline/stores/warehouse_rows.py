@@ -15,7 +15,7 @@ def _ts(ms: int | None) -> datetime:
 DECISIONS_COLUMNS = [
     "request_id", "tenant_id", "stage", "decision", "reason", "policy_version", "revisions", "scores",
     "candidates", "labels", "attempt", "step", "worker", "partition", "offset", "enqueued", "started", "finished",
-    "queue_ms", "service_ms", "replay_id", "shadow",
+    "queue_ms", "service_ms", "replay_id", "shadow", "episode_id",
 ]
 
 
@@ -23,7 +23,7 @@ def decision_row(e: Evidence) -> list[Any]:
     return [
         e.request_id, e.tenant_id, e.stage, e.decision, e.reason, e.policy_version, e.revisions, e.scores,
         e.candidates, e.labels, e.attempt, e.step, e.worker, e.partition, e.offset, _ts(e.enqueued_ms), _ts(e.started_ms),
-        _ts(e.finished_ms), e.queue_ms, e.service_ms, e.replay_id, int(e.shadow),
+        _ts(e.finished_ms), e.queue_ms, e.service_ms, e.replay_id, int(e.shadow), e.episode_id,
     ]
 
 
@@ -31,7 +31,7 @@ REQUESTS_COLUMNS = [
     "request_id", "tenant_id", "status", "error_class", "answered_by", "route", "model", "requested_model", "adapter",
     "placement", "cache", "domain", "tokens_in", "tokens_out", "cost_usd", "ttft_ms", "tpot_ms", "e2e_ms", "stage_queue_ms",
     "stage_service_ms", "created", "finished", "replay_id", "image_count", "image_bytes", "image_max_pixels",
-    "image_decode_ms",
+    "image_decode_ms", "episode_id", "experiment", "variant",
 ]
 
 
@@ -44,7 +44,7 @@ def request_row(r: Response) -> list[Any]:
         {k: v.queue_ms for k, v in r.timings.items()}, {k: v.service_ms for k, v in r.timings.items()},
         _ts(r.created_ms or r.finished_ms), _ts(r.finished_ms), r.replay_id, len(r.images),
         sum(i.bytes for i in r.images), max((i.width * i.height for i in r.images), default=0),
-        round(sum(i.decode_ms for i in r.images), 3),
+        round(sum(i.decode_ms for i in r.images), 3), r.episode_id or "", r.experiment or "", r.variant or "",
     ]
 
 
@@ -53,7 +53,7 @@ ROLLOUTS_COLUMNS = [
     "reward_revision", "verifier_revision", "reference_revision", "tokenizer_revision",
     "chat_template_revision", "temperature", "top_p", "max_tokens", "seed", "runtime", "hardware",
     "batch_context", "prompt_token_ids", "generated_token_ids", "logprobs", "finish_reason", "score",
-    "created_at", "replay_id",
+    "created_at", "replay_id", "episode_id",
 ]
 
 
@@ -63,7 +63,7 @@ def rollout_row(r: Rollout) -> list[Any]:
         r.reward_revision, r.verifier_revision, r.reference_revision, r.tokenizer_revision,
         r.chat_template_revision, r.temperature, r.top_p, r.max_tokens, r.seed, r.runtime, r.hardware,
         r.batch_context, r.prompt_token_ids, r.generated_token_ids, r.logprobs, r.finish_reason, r.score,
-        _ts(r.created_ms), r.replay_id,
+        _ts(r.created_ms), r.replay_id, r.episode_id,
     ]
 
 

@@ -185,7 +185,7 @@ class AdmitStage(AdmitState, Idempotency, Stage):
     def ask_for(self, doc: RequestDoc, order: list[str]) -> Ask:
         assert self.tokenizer is not None, "start() first"
         p = self.policy
-        messages = as_chat(doc.body.messages)
+        messages = as_chat(doc.body.messages, doc.route.system_prompt if doc.route else None)
         tokens_in = chat_prompt_len(self.tokenizer, messages)
         max_tokens = doc.body.max_tokens or p.assumed_max_tokens
         n = doc.rollout.n if doc.rollout is not None else 1  # a rollout's samples each use prompt + output

@@ -112,7 +112,7 @@ def plan_for(doc: RequestDoc, policy: GeneratePolicy, tokenizer, deployments: li
         except HookError as exc:
             raise PlanError("invalid_request", str(exc)) from None
     spec = actor or (adapters.specs.get(doc.route.adapter) if doc.route and doc.route.adapter else None)
-    messages = as_chat(doc.body.messages)
+    messages = as_chat(doc.body.messages, doc.route.system_prompt if doc.route else None)
     prompt_tokens = chat_prompt_len(tokenizer, messages)  # the length only: a third of the ids' cost
     needs = needs_for(doc, prompt_tokens, sampling, spec)
     preferred, strict = where_to_run(doc, policy)

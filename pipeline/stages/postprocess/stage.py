@@ -74,10 +74,11 @@ class PostprocessStage(ThreadedStage):
 
     def _write_back(self, doc: RequestDoc, text: str) -> list[SideRecord]:
         """A cache miss whose generation stopped on its own is written back (masked text: the cache
-        never holds PII), as a side record committed with the answer."""
+        never holds PII), as a side record committed with the answer. An answer made under an
+        experiment variant is not: served from the cache it would reach the other variants' units."""
         cache, gen = doc.cache, doc.generation
         if self.embedder is None or cache is None or cache.decision != "miss" or gen is None \
-                or gen.finish_reason != "stop":
+                or gen.finish_reason != "stop" or (doc.route is not None and doc.route.experiment):
             return []
         put = put_record(doc, text, self.embedder, self.cache_policy, self.keyring)
         return [] if put is None else [SideRecord("control", f"cache:{doc.tenant_id or ''}".encode(), put)]

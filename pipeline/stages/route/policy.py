@@ -13,7 +13,9 @@ from dataclasses import dataclass, replace
 from typing import Literal
 
 import numpy as np
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, model_validator
+
+from pipeline.stages.route.experiments import Experiment
 
 Placement = Literal["local", "cloud", "degraded"]
 PlacementReason = Literal["privacy", "deadline", "network", "thermal", "quality"]
@@ -75,6 +77,25 @@ class RoutePolicy(BaseModel):
     weight_complexity: float = 0.15
     min_score: float = 0.25
     placement: PlacementPolicy = PlacementPolicy()
+    experiments: list[Experiment] = Field(default_factory=list, description="weighted variants of routes")
+    prompts: dict[str, str] = Field(default_factory=dict, description="prompt revision -> the system prompt a "
+                                                                      "variant runs with")
+
+    @model_validator(mode="after")
+    def _experiments_fit(self) -> "RoutePolicy":
+        on_route: dict[str, str] = {}
+        for e in self.experiments:
+            if e.route not in self.routes:
+                raise ValueError(f"experiment {e.name}: no route {e.route!r} (routes: {sorted(self.routes)})")
+            if e.enabled and e.route in on_route:
+                raise ValueError(f"experiments {on_route[e.route]} and {e.name} both split route {e.route!r}")
+            if e.enabled:
+                on_route[e.route] = e.name
+            for v in e.variants:
+                if v.prompt_revision is not None and v.prompt_revision not in self.prompts:
+                    raise ValueError(f"experiment {e.name}, variant {v.name}: prompt revision "
+                                     f"{v.prompt_revision!r} is not among the policy's prompts")
+        return self
 
 
 _WORD = re.compile(r"\w+", re.UNICODE)

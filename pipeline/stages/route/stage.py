@@ -18,6 +18,7 @@ from pipeline.registries.adapters import AdapterRegistry
 from pipeline.runtime.stage import Outcome, Stage, StageContext
 from pipeline.stages.cache.policy import cache_text
 from pipeline.stages.cache.semantic import reused_vector
+from pipeline.stages.route.experiments import assign, experiment_for, experiment_fields, with_variant
 from pipeline.stages.route.policy import DeviceFlags, RoutePolicy, choose_route, place, score_routes, update_flags
 
 
@@ -56,6 +57,11 @@ class Router:
         scores = score_routes(text, vec, self.exemplars, self.policy)
         name, reason = choose_route(scores, self.policy)
         route = self.policy.routes[name]
+        trial = experiment_for(self.policy.experiments, name)
+        drawn = assign(trial, doc.episode_id, doc.request_id) if trial is not None else None
+        if drawn is not None:
+            route = with_variant(route, drawn.variant)
+            reason = f"{reason}; experiment {drawn.experiment}: variant {drawn.variant.name} (per {drawn.reason})"
         adapter, why = pick_adapter(doc, route.adapter, self.adapters)
         if why:
             reason = f"{reason}; {why}"
@@ -69,7 +75,8 @@ class Router:
         return RouteSection(decision=name, reason=reason, model=route.model, adapter=adapter,
                             deployments=route.deployments, fallbacks=route.fallbacks, scores=scores,
                             placement=placement, placement_reason=placement_reason,
-                            policy_version=self.policy.version)
+                            policy_version=self.policy.version,
+                            **(experiment_fields(drawn, self.policy.prompts) if drawn is not None else {}))
 
 
 class RouteStage(Stage):
@@ -93,7 +100,9 @@ class RouteStage(Stage):
                            scores={f"route.{k}": v for k, v in sec.scores.items()},
                            candidates=[sec.decision, *sec.fallbacks],
                            revisions={"embedding": self.router.embedder.revision if self.router else ""},
-                           labels={"embedding": "reused" if reused else "computed", "adapter": sec.adapter or ""})
+                           labels={"embedding": "reused" if reused else "computed", "adapter": sec.adapter or "",
+                                   **({"experiment": sec.experiment, "variant": sec.variant or "",
+                                       "assignment": sec.assignment or ""} if sec.experiment else {})})
         placement_ev = self.evidence(doc, f"placement:{sec.placement}", sec.placement_reason)
         # evidence rows are keyed by (request_id, stage, attempt): the placement row is its own stage name
         placement_ev = placement_ev.model_copy(update={"stage": f"{self.name}.placement"})

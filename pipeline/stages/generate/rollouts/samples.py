@@ -38,6 +38,7 @@ def rollout_rows(doc: RequestDoc, gens: list[Generation], seeds: list[int], samp
         ok, score = scorer.score(Sample(g.text, g.tokens_out, g.finish_reason))
         rows.append(Rollout(
             sample_id=sample_id, group_id=r.group_id, request_id=doc.request_id, tenant_id=doc.tenant_id or "",
+            episode_id=doc.episode_id or "",
             prompt_dataset_revision=r.prompt_dataset_revision, actor_revision=actor_revision_of(g),
             reward_revision=scorer.reward.revision if scorer.reward else "",
             verifier_revision=scorer.verifier.revision if scorer.verifier else "",

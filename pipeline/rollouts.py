@@ -9,6 +9,7 @@ Export reads the `training_samples` view (schemas/clickhouse/011_training_sample
 
 from __future__ import annotations
 
+import hashlib
 import uuid
 from collections import Counter
 from dataclasses import dataclass, field
@@ -89,6 +90,16 @@ class SampleTally:
         return {"samples": self.samples, "verified": self.verified,
                 "mean_score": round(sum(self.scores) / len(self.scores), 4) if self.scores else None,
                 "actor_revisions": dict(self.actor_revisions)}
+
+
+def dataset_revision_of(path: Path, name: str | None = None) -> str:
+    """A prompt file's revision: its name (or the dataset's) and a digest of its bytes, so that two
+    runs on the same prompts share it and an edited file gets a new one."""
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return f"{name or path.stem}@sha256:{h.hexdigest()[:16]}"
 
 
 EXPORT_SQL = """

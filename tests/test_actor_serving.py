@@ -192,7 +192,7 @@ ROLLOUT_PROMPTS = [
 def submit_rollouts(data_dir, key, prompts_file, *extra):
     return llmpipe("rollouts", "submit", "--file", str(prompts_file), "--n", "4", "--temperature", "1.0",
                    "--max-tokens", "16", "--seed", "7", "--verifier", "regex", "--reward", "length_penalty",
-                   "--reward-arg", "per_token=0.01", "--dataset-revision", "ds-1", "--api-key", key, "--json", *extra,
+                   "--reward-arg", "per_token=0.01", "--api-key", key, "--json", *extra,
                    data_dir=data_dir, timeout=600)
 
 
@@ -201,7 +201,7 @@ def test_rollouts_are_sampled_scored_exported_and_their_logprobs_recompute(lora_
     import torch
     from transformers import AutoModelForCausalLM
 
-    from pipeline.rollouts import read_export
+    from pipeline.rollouts import dataset_revision_of, read_export
 
     info, keys, data_dir, _ = lora_stack
     prompts = tmp_path / "prompts.jsonl"
@@ -210,6 +210,8 @@ def test_rollouts_are_sampled_scored_exported_and_their_logprobs_recompute(lora_
     assert run.returncode == 0, run.stderr
     summary = last_json(run)
     assert summary["by_status"] == {"ok": 3} and summary["samples"] == 12, summary
+    dataset = dataset_revision_of(prompts)  # no --dataset-revision: the file's digest
+    assert summary["dataset_revision"] == dataset and dataset.startswith("prompts@sha256:")
     (actor,) = summary["actor_revisions"]  # every sample from the one actor that served them
     assert actor.startswith("smollm2-135m-instruct@sha256:") and summary["actor_revisions"][actor] == 12
 
@@ -239,7 +241,7 @@ def test_rollouts_are_sampled_scored_exported_and_their_logprobs_recompute(lora_
         assert r["tokenizer_revision"] and r["chat_template_revision"] and r["runtime"] and r["hardware"]
         assert r["verifier_revision"].startswith("regex@") and r["reward_revision"].startswith("length_penalty@")
         assert r["group_size"] == 4 and orjson.loads(r["batch_context"])["n"] == 4
-        assert r["prompt_dataset_revision"] == "ds-1" and r["temperature"] == 1.0
+        assert r["prompt_dataset_revision"] == dataset and r["temperature"] == 1.0
     by_group: dict[str, list[dict]] = {}
     for r in rows:
         by_group.setdefault(r["group_id"], []).append(r)
@@ -412,7 +414,7 @@ def switch_actor_under_load(lora_stack, prepared_model, tmp_path):
     out = tmp_path / "all.jsonl"
     assert llmpipe("rollouts", "export", "--format", "jsonl", "--out", str(out), "--include-rejected",
                    data_dir=data_dir).returncode == 0
-    from pipeline.rollouts import read_export
+    from pipeline.rollouts import dataset_revision_of, read_export
 
     rows = read_export(out)
     assert sum(r["actor_weights"] == "act-2" for r in rows) >= 16

@@ -153,3 +153,17 @@ def test_training_view_groups_scores_and_round_trips_through_export(tmp_path):
     res = subprocess.run([sys.executable, "-c", VIEW_SCRIPT, str(tmp_path / "wh")], cwd=ROOT, capture_output=True,
                          text=True, timeout=180)
     assert res.returncode == 0 and res.stdout.strip() == "ok", res.stderr[-3000:]
+
+
+def test_a_prompt_files_revision_is_its_name_and_content_digest(tmp_path):
+    from pipeline.rollouts import dataset_revision_of
+
+    f = tmp_path / "math.jsonl"
+    f.write_text('{"prompt": "1+1?"}\n')
+    first = dataset_revision_of(f)
+    assert first.startswith("math@sha256:") and len(first.split(":")[1]) == 16
+    copy = tmp_path / "copy.jsonl"
+    copy.write_bytes(f.read_bytes())
+    assert dataset_revision_of(copy, "math") == first  # the same prompts under the dataset's name
+    f.write_text('{"prompt": "1+2?"}\n')
+    assert dataset_revision_of(f) != first  # an edited file is another revision

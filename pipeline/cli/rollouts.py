@@ -30,7 +30,10 @@ def rollouts_submit(file: Annotated[Path, typer.Option("--file", exists=True, di
                     n: Annotated[int, typer.Option("--n", min=1, max=64, help="samples per prompt")] = 4,
                     actor_revision: Annotated[Optional[str], typer.Option(
                         "--actor-revision", help="sample only from this actor revision (refused otherwise)")] = None,
-                    dataset_revision: Annotated[str, typer.Option("--dataset-revision")] = "",
+                    dataset: Annotated[Optional[str], typer.Option(
+                        "--dataset", help="the dataset's name (default: the file's name)")] = None,
+                    dataset_revision: Annotated[Optional[str], typer.Option(
+                        "--dataset-revision", help="default: NAME@sha256:<digest of the file's bytes>")] = None,
                     temperature: Annotated[float, typer.Option("--temperature", min=0)] = 1.0,
                     top_p: Annotated[float, typer.Option("--top-p", min=0, max=1)] = 1.0,
                     max_tokens: Annotated[int, typer.Option("--max-tokens", min=1)] = 64,
@@ -45,7 +48,7 @@ def rollouts_submit(file: Annotated[Path, typer.Option("--file", exists=True, di
                     data_dir: DataDir = Path(".llmpipe"), config: ConfigFile = None, bootstrap: Bootstrap = None,
                     json: Json = False) -> None:
     """Send every prompt as a `rollout` request; print what came back (samples, scores, actor revisions)."""
-    from pipeline.rollouts import RolloutOptions, SampleTally, rollout_doc
+    from pipeline.rollouts import RolloutOptions, SampleTally, dataset_revision_of, rollout_doc
 
     args = {}
     for a in reward_arg or []:
@@ -57,14 +60,15 @@ def rollouts_submit(file: Annotated[Path, typer.Option("--file", exists=True, di
         except ValueError:
             raise CliError(f"--reward-arg: expected NAME=NUMBER, got {a!r}") from None
     s = _settings(data_dir, config, bootstrap)
-    opts = RolloutOptions(n=n, actor_revision=actor_revision, dataset_revision=dataset_revision,
+    opts = RolloutOptions(n=n, actor_revision=actor_revision,
+                          dataset_revision=dataset_revision or dataset_revision_of(file, dataset),
                           temperature=temperature, top_p=top_p, max_tokens=max_tokens, seed=seed, verifier=verifier,
                           reward=reward, reward_args=args, timeout_s=timeout, api_key=_caller_key(s, api_key))
     tally = SampleTally()
     summary = _send_lines(s, file, "rollouts", rate=None, concurrency=concurrency,
                           timeout_s=timeout, to_doc=lambda client, line: rollout_doc(client, line, opts),
                           on_response=tally.add)
-    doc = {**summary.as_json(), **tally.as_json(), "run_id": opts.run_id}
+    doc = {**summary.as_json(), **tally.as_json(), "run_id": opts.run_id, "dataset_revision": opts.dataset_revision}
     if not json:
         out.print(f"{doc['sent']} prompts: {doc['by_status']}; {doc['samples']} samples, {doc['verified']} verified, "
                   f"mean score {doc['mean_score']}; actor revisions {doc['actor_revisions']}")

@@ -15,6 +15,7 @@ from pydantic_settings import (
     YamlConfigSettingsSource,
 )
 
+from pipeline.config.feedback import FeedbackSettings
 from pipeline.config.lora import LoraSettings
 from pipeline.config.tenants import RateLimits, TenantLimits, TenantSpec, default_tenant_limits
 from pipeline.contracts.adapter import AdapterSpec
@@ -277,6 +278,7 @@ class Settings(BaseSettings):
     adapters: list[AdapterSpec] = Field(default_factory=list, description="LoRA adapters; control adds more")
     lora: LoraSettings = LoraSettings()
     http: HttpSettings = HttpSettings()
+    feedback: FeedbackSettings = FeedbackSettings()
     log_level: str = "INFO"
 
     @classmethod

@@ -1,0 +1,45 @@
+"""Feedback metrics an operator declares: what a caller may say about an answer or an episode."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, Field, model_validator
+
+MetricType = Literal["boolean", "float", "comment", "demonstration"]
+MetricLevel = Literal["request", "episode"]
+
+
+class FeedbackMetric(BaseModel):
+    name: str = Field(pattern=r"^[a-z][a-z0-9_]{0,63}$")
+    type: MetricType
+    level: MetricLevel = Field("request", description="what the feedback is about: one answer, or a whole episode")
+    higher_is_better: bool = Field(True, description="boolean and float metrics: which way is good "
+                                                     "(what the report and `--from-feedback` rank by)")
+
+
+def default_metrics() -> list[FeedbackMetric]:
+    return [
+        FeedbackMetric(name="thumbs_up", type="boolean"),
+        FeedbackMetric(name="rating", type="float"),
+        FeedbackMetric(name="comment", type="comment"),
+        FeedbackMetric(name="demonstration", type="demonstration"),
+        FeedbackMetric(name="task_success", type="boolean", level="episode"),
+    ]
+
+
+class FeedbackSettings(BaseModel):
+    metrics: list[FeedbackMetric] = Field(default_factory=default_metrics)
+    max_text_chars: int = Field(8000, ge=1, description="longest comment or demonstration accepted")
+    owner_wait_s: float = Field(5.0, ge=0, description="how long a check waits for a just-answered request to "
+                                                       "reach the warehouse before calling it unknown")
+
+    @model_validator(mode="after")
+    def _unique_names(self) -> "FeedbackSettings":
+        names = [m.name for m in self.metrics]
+        if len(names) != len(set(names)):
+            raise ValueError(f"feedback metric names must be unique: {names}")
+        return self
+
+    def metric(self, name: str) -> FeedbackMetric | None:
+        return next((m for m in self.metrics if m.name == name), None)

@@ -202,10 +202,17 @@ async def _partitions(consumer: AIOKafkaConsumer, topic: str) -> set[int]:
     return parts
 
 
+def _outcome(decision: str, variant: str) -> str:
+    """What a diff compares: the decision, and the experiment variant when there is one (a replay
+    with other weights changes the variant, not the route)."""
+    return f"{decision}@{variant}" if variant else decision
+
+
 def _diff(report: ReplayReport, decisions: list[Evidence], query: Callable[[str, dict[str, Any]], QueryResult]) -> None:
     """Compare every replayed row with the original row of the same (request_id, attempt, stage);
     a stage may write several rows (route writes `route` and `route.placement`)."""
     replayed = {(e.request_id, e.attempt, e.stage): e for e in decisions if e.step == 0}
+    after = {key: _outcome(e.decision, e.labels.get("variant", "")) for key, e in replayed.items()}
     if not replayed:
         return
     ids = sorted({rid for rid, _, _ in replayed})
@@ -213,24 +220,24 @@ def _diff(report: ReplayReport, decisions: list[Evidence], query: Callable[[str,
     original: dict[tuple[str, int, str], tuple[str, str]] = {}
     for chunk in range(0, len(ids), 1000):
         res = query(
-            "SELECT request_id, attempt, stage, decision, reason FROM decisions FINAL "
+            "SELECT request_id, attempt, stage, decision, reason, labels['variant'] FROM decisions FINAL "
             "WHERE stage IN {stages:Array(String)} AND replay_id = '' AND step = 0 AND request_id IN {ids:Array(String)}",
             {"stages": stages, "ids": ids[chunk:chunk + 1000]},
         )
-        for rid, attempt, stage, decision, reason in res.rows:
-            original[(rid, int(attempt), stage)] = (decision, reason)
+        for rid, attempt, stage, decision, reason, variant in res.rows:
+            original[(rid, int(attempt), stage)] = (_outcome(decision, variant), reason)
     for key, ev in sorted(replayed.items()):
         before = original.get(key)
         if before is None:
             report.without_original += 1
             continue
         report.compared += 1
-        if before[0] != ev.decision:
+        if before[0] != after[key]:
             report.changed += 1
-            report.transitions[(ev.stage, f"{before[0]} -> {ev.decision}")] += 1
+            report.transitions[(ev.stage, f"{before[0]} -> {after[key]}")] += 1
             report.by_reason[(ev.stage, ev.reason)] += 1
             if ev.stage == report.stage:
                 report.changed_ids.append(key[0])
             if len(report.examples) < 10:
                 report.examples.append({"request_id": key[0], "stage": ev.stage, "before": before[0],
-                                        "after": ev.decision, "reason_before": before[1], "reason_after": ev.reason})
+                                        "after": after[key], "reason_before": before[1], "reason_after": ev.reason})

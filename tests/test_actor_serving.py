@@ -414,7 +414,7 @@ def switch_actor_under_load(lora_stack, prepared_model, tmp_path):
     out = tmp_path / "all.jsonl"
     assert llmpipe("rollouts", "export", "--format", "jsonl", "--out", str(out), "--include-rejected",
                    data_dir=data_dir).returncode == 0
-    from pipeline.rollouts import dataset_revision_of, read_export
+    from pipeline.rollouts import read_export
 
     rows = read_export(out)
     assert sum(r["actor_weights"] == "act-2" for r in rows) >= 16

@@ -9,8 +9,8 @@ import uuid
 import pytest
 from pydantic import ValidationError
 
-from pipeline.engines.chat_engine import as_chat
 from pipeline.contracts import ChatMessage
+from pipeline.engines.chat_engine import as_chat
 from pipeline.stages.route.experiments import Experiment, assign, experiment_fields, experiment_for, with_variant
 from pipeline.stages.route.policy import Route, RoutePolicy
 

@@ -68,3 +68,58 @@ async def test_shadow_replay_of_route_reports_exactly_the_changed_decisions(tmp_
     assert set(diff["changed_request_ids"]) == expected
     assert sum(diff["changes"]["route"].values()) == len(expected)
     assert "route.placement" not in diff["changes"], "placement does not depend on the changed fields"
+
+
+GREETINGS = ["hi", "Say hello", "thanks!", "hello there", "good morning"]
+
+
+async def test_an_experiment_is_sticky_per_episode_recorded_and_a_reweighting_replays(tmp_path):
+    from pipeline.stages.route.experiments import assign
+    from tests.test_experiments import binomial_interval
+
+    cfg = ROOT / "tests/fixtures/route_experiment.yaml"
+    up = llmpipe("up", "--detach", "--config", str(cfg), "--json", data_dir=tmp_path)
+    assert up.returncode == 0, up.stderr
+    info = last_json(up)
+    episodes = [f"ep-{i:02d}" for i in range(40)]
+    try:
+        async with Client(info["bootstrap"], topic_prefix=info["topic_prefix"]) as client:
+            docs = [client.build(GREETINGS[i % len(GREETINGS)], episode_id=episodes[i % 40]) for i in range(200)]
+            answers = await asyncio.gather(*(client.request(d, 120) for d in docs))
+        assert all(a.status == "ok" and a.route == "simple" and a.experiment == "tone" for a in answers), \
+            {(a.status, a.route, a.experiment) for a in answers}
+        by_episode: dict[str, set[str]] = {}
+        for d, a in zip(docs, answers):
+            assert a.episode_id == d.episode_id
+            by_episode.setdefault(d.episode_id, set()).add(a.variant)
+        assert all(len(v) == 1 for v in by_episode.values()), by_episode
+        terse = sum(1 for v in by_episode.values() if v == {"terse"})
+        lo, hi = binomial_interval(40, 0.5)
+        assert lo <= terse <= hi, (terse, lo, hi)
+
+        q = ("SELECT episode_id, groupUniqArray(variant) AS v, count() AS n FROM requests FINAL "
+             "WHERE experiment = 'tone' GROUP BY episode_id")
+        for _ in range(120):
+            rows = last_json(llmpipe("sql", q, "--format", "json", data_dir=tmp_path))
+            if sum(r["n"] for r in rows) >= 200:
+                break
+            await asyncio.sleep(0.5)
+        assert {r["episode_id"]: set(r["v"]) for r in rows} == by_episode  # the warehouse agrees
+        ev = last_json(llmpipe("sql", "SELECT count() AS n FROM decisions FINAL WHERE stage = 'route' AND "
+                                      "labels['experiment'] = 'tone' AND labels['assignment'] = 'episode' AND "
+                                      "episode_id != ''", "--format", "json", data_dir=tmp_path))
+        assert ev[0]["n"] == 200
+
+        rep = llmpipe("replay", "--topic", "requests", "--from-offset", ",".join(f"{p}:0" for p in range(6)),
+                      "--stage", "route", "--policy", str(ROOT / "tests/fixtures/route_experiment_v2.yaml"),
+                      "--shadow", "--config", str(cfg), "--json", data_dir=tmp_path)
+        assert rep.returncode == 0, rep.stderr
+        diff = last_json(rep)
+    finally:
+        assert llmpipe("down", data_dir=tmp_path).returncode == 0
+    new = RoutePolicy.model_validate(yaml.safe_load((ROOT / "tests/fixtures/route_experiment_v2.yaml").read_text()))
+    moved = {d.request_id for d, a in zip(docs, answers)
+             if assign(new.experiments[0], d.episode_id, d.request_id).variant.name != a.variant}
+    assert moved, "the re-weighting must move some episodes for this test to mean anything"
+    assert set(diff["changed_request_ids"]) == moved
+    assert set(diff["changes"]["route"]) == {"simple@control -> simple@terse"}  # units only move toward the grown one

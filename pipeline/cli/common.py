@@ -143,23 +143,10 @@ def _publish_control(bootstrap: str, prefix: str, records: list[tuple[str, Any]]
 def _query_fn(s: Settings) -> Callable[[str, dict[str, Any]], Any]:
     """Route SQL to the owner of the warehouse: the running stack's admin endpoint, or directly."""
     from pipeline.stack import running_stack
-    from pipeline.stores.sql_gateway import admin_token_for, analyst_query, query_via_admin
-    from pipeline.stores.warehouse import Warehouse, is_embedded, open_warehouse
+    from pipeline.stores.sql_gateway import warehouse_query
 
-    dsn = s.resolved_warehouse_dsn()
     info = running_stack(s.resolved_data_dir())
-    if is_embedded(dsn) and info is not None:
-        token = admin_token_for(s)
-        return lambda q, p: query_via_admin(info.admin_url, q, p, token=token)
-    wh: list[Warehouse] = []
-
-    def direct(q: str, p: dict[str, Any]) -> Any:
-        if not wh:
-            wh.append(open_warehouse(s))
-            wh[0].migrate()
-        return analyst_query(wh[0], q, p)  # the pre-check, then readonly=1, as /sql does
-
-    return direct
+    return warehouse_query(s, info.admin_url if info is not None else None)
 
 
 

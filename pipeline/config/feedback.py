@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from typing import Literal
 
 from pydantic import BaseModel, Field, model_validator
@@ -16,6 +17,23 @@ class FeedbackMetric(BaseModel):
     level: MetricLevel = Field("request", description="what the feedback is about: one answer, or a whole episode")
     higher_is_better: bool = Field(True, description="boolean and float metrics: which way is good "
                                                      "(what the report and `--from-feedback` rank by)")
+
+
+    def problem(self, target: MetricLevel, value: object, max_text_chars: int) -> str | None:
+        """Why `value` about a `target` is not feedback on this metric; None when it is."""
+        if target != self.level:
+            return f"metric {self.name} is about {'an episode' if self.level == 'episode' else 'a request'}: " \
+                   f"give {self.level}_id"
+        if self.type == "boolean":
+            return None if isinstance(value, bool) else f"metric {self.name} takes true or false"
+        if self.type == "float":
+            ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+            return None if ok else f"metric {self.name} takes a finite number"
+        if not isinstance(value, str) or not value.strip():
+            return f"metric {self.name} takes non-empty text"
+        if len(value) > max_text_chars:
+            return f"metric {self.name}: text longer than {max_text_chars} characters"
+        return None
 
 
 def default_metrics() -> list[FeedbackMetric]:

@@ -6,7 +6,7 @@ The door verifies the key, then publishes the request with an assertion instead 
 1. Claims: tenant, principal, roles and key id of the verified key.
 2. The MAC (HMAC-SHA256, with a subkey derived from the mask keyring's key, which door and mask
    already share for restore mappings) covers the claims *and* the request: its request_id, body,
-   context and idempotency key. Whoever reads `requests` can neither reuse an assertion for
+   context and idempotency key (for feedback: its id, target, metric and value). Whoever reads `requests` can neither reuse an assertion for
    another request nor change what an asserted request asks (a verbatim copy is a duplicate of
    the same request_id, which the pipeline already answers once).
 3. mask checks the key id against the live registry too: a key revoked between door and mask is
@@ -23,6 +23,7 @@ from typing import Any
 import orjson
 
 from pipeline.contracts import RequestDoc
+from pipeline.contracts.feedback import Feedback
 from pipeline.registries.tenants import Caller
 from pipeline.security.sealing import Keyring
 
@@ -41,11 +42,18 @@ def _subkey(keyring: Keyring, kid: str) -> bytes:
     return hmac.new(key, _PURPOSE, hashlib.sha256).digest()
 
 
-def _signed_part(doc: RequestDoc, kid: str, claims: bytes) -> bytes:
-    request = orjson.dumps({"request_id": doc.request_id, "body": doc.body.model_dump(mode="json"),
-                            "context": doc.context.model_dump(mode="json"), "idempotency_key": doc.idempotency_key},
-                           option=orjson.OPT_SORT_KEYS)
-    return b"\x00".join((VERSION.encode(), kid.encode(), claims, hashlib.sha256(request).digest()))
+def _subject(doc: RequestDoc | Feedback) -> bytes:
+    """What an assertion vouches for: a request as it asks, or a piece of feedback as it says."""
+    if isinstance(doc, Feedback):
+        return orjson.dumps({"feedback": doc.feedback_id, "request_id": doc.request_id, "episode_id": doc.episode_id,
+                             "metric": doc.metric, "value": doc.value}, option=orjson.OPT_SORT_KEYS)
+    return orjson.dumps({"request_id": doc.request_id, "body": doc.body.model_dump(mode="json"),
+                         "context": doc.context.model_dump(mode="json"), "idempotency_key": doc.idempotency_key},
+                        option=orjson.OPT_SORT_KEYS)
+
+
+def _signed_part(doc: RequestDoc | Feedback, kid: str, claims: bytes) -> bytes:
+    return b"\x00".join((VERSION.encode(), kid.encode(), claims, hashlib.sha256(_subject(doc)).digest()))
 
 
 def _b64(data: bytes) -> str:
@@ -56,14 +64,14 @@ def _unb64(text: str) -> bytes:
     return base64.urlsafe_b64decode(text + "=" * (-len(text) % 4))
 
 
-def sign(doc: RequestDoc, caller: Caller, keyring: Keyring) -> str:
+def sign(doc: RequestDoc | Feedback, caller: Caller, keyring: Keyring) -> str:
     """Step 1-2: the assertion for `doc` (fully built: body, context and idempotency key final)."""
     claims = orjson.dumps({"t": caller.tenant, "p": caller.principal, "r": list(caller.roles), "k": caller.key_id})
     mac = hmac.new(_subkey(keyring, keyring.active), _signed_part(doc, keyring.active, claims), hashlib.sha256)
     return f"{VERSION}.{keyring.active}.{_b64(claims)}.{_b64(mac.digest())}"
 
 
-def verify(token: str, doc: RequestDoc, keyring: Keyring) -> Caller:
+def verify(token: str, doc: RequestDoc | Feedback, keyring: Keyring) -> Caller:
     """The caller the door vouched for, for exactly this request; AssertionRefused otherwise."""
     try:
         version, kid, claims_b64, mac_b64 = token.split(".")

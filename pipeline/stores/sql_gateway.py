@@ -20,6 +20,7 @@ import os
 import re
 import secrets
 import stat
+from collections.abc import Callable
 from datetime import date, datetime
 from decimal import Decimal
 from pathlib import Path
@@ -348,3 +349,23 @@ def query_via_admin(admin_url: str, sql: str, parameters: dict[str, Any] | None 
         raise SqlError(str(detail))
     body = r.json()
     return QueryResult(columns=body["columns"], rows=[tuple(row) for row in body["rows"]])
+
+
+def warehouse_query(settings: "Settings", admin_url: str | None = None) -> Callable[[str, dict[str, Any]], QueryResult]:
+    """Read-only SQL against the warehouse's owner: the running stack's admin endpoint when the
+    warehouse is embedded (only that process may open chDB), else the server directly, opened on
+    first use and checked like /sql."""
+    from pipeline.stores.warehouse import is_embedded, open_warehouse
+
+    if is_embedded(settings.resolved_warehouse_dsn()) and admin_url is not None:
+        token = admin_token_for(settings)
+        return lambda q, p: query_via_admin(admin_url, q, p, token=token)
+    wh: list[Warehouse] = []
+
+    def direct(q: str, p: dict[str, Any]) -> QueryResult:
+        if not wh:
+            wh.append(open_warehouse(settings))
+            wh[0].migrate()
+        return analyst_query(wh[0], q, p)
+
+    return direct

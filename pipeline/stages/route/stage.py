@@ -18,7 +18,7 @@ from pipeline.registries.adapters import AdapterRegistry
 from pipeline.runtime.stage import Outcome, Stage, StageContext
 from pipeline.stages.cache.policy import cache_text
 from pipeline.stages.cache.semantic import reused_vector
-from pipeline.stages.route.experiments import assign, experiment_for, experiment_fields, with_variant
+from pipeline.stages.route.experiments import assign, experiment_fields, experiment_for, with_variant
 from pipeline.stages.route.policy import DeviceFlags, RoutePolicy, choose_route, place, score_routes, update_flags
 
 

@@ -31,12 +31,13 @@ from pipeline.dev_key import ensure_dev_tenant
 from pipeline.ingress.http import FrontDoor, HttpServer
 from pipeline.runtime.broker import EmbeddedBroker, free_port
 from pipeline.runtime.doorbell import default_dir as default_doorbell_dir
-from pipeline.runtime.launch import sink_worker, stage_worker, start_all
+from pipeline.runtime.launch import FEEDBACK_HOST, feedback_worker, sink_worker, stage_worker, start_all
 from pipeline.runtime.metrics import serve_metrics
 from pipeline.runtime.service import serve
 from pipeline.runtime.topics import apply_topics
 from pipeline.runtime.topology import Topology
-from pipeline.stores.sql_gateway import AdminServer, admin_token_for
+from pipeline.stores.owners import Owners
+from pipeline.stores.sql_gateway import AdminServer, admin_token_for, warehouse_query
 from pipeline.stores.warehouse import open_warehouse
 from pipeline.stores.warehouse_sink import SINK_STAGE
 
@@ -121,7 +122,8 @@ class _ChildWorkers:
     def _spawn(self, stage: str) -> subprocess.Popen[bytes]:
         env = {**os.environ, "LLMPIPE_BOOTSTRAP": self.bootstrap,
                "LLMPIPE_DATA_DIR": str(self.settings.resolved_data_dir()),
-               "LLMPIPE_TOPIC_PREFIX": self.settings.topic_prefix}
+               "LLMPIPE_TOPIC_PREFIX": self.settings.topic_prefix,
+               "LLMPIPE_ADMIN_PORT": str(self.admin_port)}  # the feedback worker asks the warehouse who owns what
         if self.settings.doorbell_dir:
             env["LLMPIPE_DOORBELL_DIR"] = str(self.settings.doorbell_dir)
         if self.settings._config_file:  # the workers read the supervisor's config file
@@ -305,11 +307,18 @@ async def _run_children(up: _Up, parts: AsyncExitStack, admin_port: int) -> None
     # unwound before the children stop (LIFO): a supervisor still running would restart each child
     # as it exits and leave the new one behind when the door fails to open
     parts.push_async_callback(_cancel, supervise)
-    http = await serve(parts, HttpServer(FrontDoor(s, up.bootstrap), s.http.host, s.http.port))
-    up.announce(f"http://127.0.0.1:{admin_port}", http.url)
+    admin_url = f"http://127.0.0.1:{admin_port}"
+    http = await serve(parts, HttpServer(FrontDoor(s, up.bootstrap, door_owners(s, admin_url)), s.http.host,
+                                         s.http.port))
+    up.announce(admin_url, http.url)
     await up.stop.wait()
     await supervise
     _forget(s.resolved_data_dir())  # then the door closes, then the children drain (the exit stack)
+
+
+def door_owners(s: Settings, admin_url: str) -> Owners:
+    """The front door asks the warehouse who owns a request before it takes feedback on it."""
+    return Owners(warehouse_query(s, admin_url), wait_s=s.feedback.owner_wait_s)
 
 
 async def _cancel(task: asyncio.Task) -> None:
@@ -328,12 +337,15 @@ async def _run_in_loop(up: _Up, parts: AsyncExitStack, admin_port: int, admin_to
         metrics_url = f"http://127.0.0.1:{serve_metrics(s.metrics_port, s.metrics_host)}/metrics"
     workers = [sink_worker(s, up.bootstrap, warehouse)] + [stage_worker(s, up.topology, n, up.bootstrap)
                                                            for n in up.stages]
+    if FEEDBACK_HOST in up.stages:
+        workers.append(feedback_worker(s, up.bootstrap, admin.url))
     ready = asyncio.Event()
     door: list[HttpServer] = []
 
     async def announce() -> None:
         await ready.wait()
-        door.append(await HttpServer(FrontDoor(s, up.bootstrap), s.http.host, s.http.port).start())
+        door.append(await HttpServer(FrontDoor(s, up.bootstrap, door_owners(s, admin.url)), s.http.host,
+                                     s.http.port).start())
         up.announce(admin.url, door[0].url, metrics_url)
 
     async def close_door() -> None:  # before the stages drain: no new requests meanwhile

@@ -407,6 +407,80 @@ def test_a_caller_who_leaves_stops_the_engine_and_frees_the_slot(door):
     assert all(b.choices[0].message.content is not None for b in burst)
 
 
+def test_feedback_lands_once_from_http_and_kafka_only_from_the_owner_and_masked(door):
+    import asyncio
+
+    from pipeline.contracts import Feedback
+    from pipeline.ingress import Client
+
+    info, keys, data_dir = door
+    url = info["http_url"]
+
+    def post(key: str, body: dict) -> httpx.Response:
+        return httpx.post(f"{url}/v1/feedback", json=body, headers={"Authorization": f"Bearer {key}"}, timeout=60)
+
+    answer = httpx.post(f"{url}/v1/chat/completions", timeout=300,
+                        headers={"Authorization": f"Bearer {keys['acme']}", "x-llmpipe-episode-id": "ep-fb-1"},
+                        json={"model": "small", "max_tokens": 4, "messages": [{"role": "user", "content": "Say hi"}]})
+    assert answer.status_code == 200, answer.text
+    rid = answer.headers["x-request-id"]
+
+    thumbs = {"request_id": rid, "metric": "thumbs_up", "value": False, "feedback_id": "fb-http-1"}
+    assert [post(keys["acme"], thumbs).status_code for _ in range(2)] == [200, 200]  # a retry is fine
+    assert post(keys["acme"], thumbs).json() == {"feedback_id": "fb-http-1"}
+    comment = post(keys["acme"], {"request_id": rid, "metric": "comment",
+                                  "value": "wrong answer, mail me at jane.doe@example.com"})
+    assert comment.status_code == 200, comment.text
+    assert post(keys["acme"], {"episode_id": "ep-fb-1", "metric": "task_success", "value": True}).status_code == 200
+
+    refusals = {
+        "other tenant": (post(keys["other"], {"request_id": rid, "metric": "thumbs_up", "value": True}), 403,
+                         "forbidden"),
+        "unknown request": (post(keys["acme"], {"request_id": "nope", "metric": "thumbs_up", "value": True}), 404,
+                            "unknown_target"),
+        "unknown episode": (post(keys["acme"], {"episode_id": "ep-none", "metric": "task_success", "value": True}),
+                            404, "unknown_target"),
+        "unknown metric": (post(keys["acme"], {"request_id": rid, "metric": "stars", "value": 5}), 422,
+                           "unknown_metric"),
+        "wrong type": (post(keys["acme"], {"request_id": rid, "metric": "thumbs_up", "value": "yes"}), 422,
+                       "invalid_feedback"),
+        "wrong level": (post(keys["acme"], {"request_id": rid, "metric": "task_success", "value": True}), 422,
+                        "invalid_feedback"),
+        "both targets": (post(keys["acme"], {"request_id": rid, "episode_id": "ep-fb-1", "metric": "rating",
+                                             "value": 1}), 422, "invalid_request"),
+        "own tenant claimed": (post(keys["acme"], {"request_id": rid, "metric": "rating", "value": 1,
+                                                   "tenant_id": "other"}), 422, "invalid_request"),
+        "no key": (httpx.post(f"{url}/v1/feedback", json=thumbs, timeout=60), 401, "unauthenticated"),
+    }
+    for what, (r, status, code) in refusals.items():
+        assert (r.status_code, r.json()["error"]["code"]) == (status, code), (what, r.text)
+
+    async def produce() -> None:
+        async with Client(info["bootstrap"], topic_prefix=info["topic_prefix"]) as c:
+            for _ in range(2):  # a producer's retry: the same feedback_id
+                await c.send_feedback(Feedback(request_id=rid, metric="rating", value=0.25, feedback_id="fb-kafka-1",
+                                               api_key=keys["acme"]))
+            await c.send_feedback(Feedback(request_id=rid, metric="rating", value=1.0, feedback_id="fb-kafka-other",
+                                           api_key=keys["other"]))
+
+    asyncio.run(produce())
+    rows = _rows_when(data_dir, "SELECT feedback_id, tenant_id, target, metric, value_float, value_text, episode_id "
+                                f"FROM feedback FINAL WHERE request_id = '{rid}' OR episode_id = 'ep-fb-1' "
+                                "ORDER BY metric", lambda r: len(r) >= 4)
+    by_metric = {r["metric"]: r for r in rows}
+    assert sorted(by_metric) == ["comment", "rating", "task_success", "thumbs_up"] and len(rows) == 4, rows
+    assert {r["tenant_id"] for r in rows} == {"acme"}
+    assert by_metric["thumbs_up"]["feedback_id"] == "fb-http-1" and by_metric["thumbs_up"]["value_float"] == 0.0
+    assert by_metric["rating"]["feedback_id"] == "fb-kafka-1" and by_metric["rating"]["value_float"] == 0.25
+    assert by_metric["task_success"]["target"] == "episode"
+    text = by_metric["comment"]["value_text"]
+    assert "jane.doe" not in text and "<EMAIL_ADDRESS_1>" in text and text.startswith("wrong answer")
+    dead = _rows_when(data_dir, "SELECT error_class FROM dead_letters WHERE stage = 'feedback'", lambda r: len(r) >= 1)
+    assert [r["error_class"] for r in dead] == ["forbidden"]  # the other tenant's Kafka feedback, nothing else
+    req = _sql(data_dir, f"SELECT episode_id FROM requests FINAL WHERE request_id = '{rid}'")
+    assert req == [{"episode_id": "ep-fb-1"}]
+
+
 def test_zz_generate_killed_mid_stream_shows_no_text_twice(door):
     """Last in the module: the supervisor restarts the killed worker, the request is redelivered,
     the new attempt streams from its first token and the caller sees a clean continuation."""

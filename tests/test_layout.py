@@ -28,6 +28,7 @@ ALLOWED_STAGE_EDGES = {
     ("route", "cache"): "reuses the embedding the cache computed for the same text",
     ("admit", "generate"): "refuses an adapter (LoRA is generate's) and prices the deployments it may run on",
     ("generate", "postprocess"): "un-masks the deltas it streams under postprocess's un-mask policy (one source)",
+    ("feedback", "mask"): "authenticates the giver and masks feedback text with mask's own code and policy",
 }
 
 

@@ -181,7 +181,7 @@ def worker(stage: Annotated[str, typer.Argument(help="stage name from the topolo
     """Run one stage group's worker against any broker (scale out by running more)."""
     # OpenCV reads its pixel cap once, at import: set it before any stage can import cv2
     os.environ.setdefault("OPENCV_IO_MAX_IMAGE_PIXELS", str(MAX_IMAGE_PIXELS))
-    from pipeline.runtime.launch import run_until_signalled, sink_worker, stage_worker
+    from pipeline.runtime.launch import FEEDBACK_HOST, feedback_worker, run_until_signalled, sink_worker, stage_worker
     from pipeline.runtime.metrics import serve_metrics
     from pipeline.runtime.topology import Topology
     from pipeline.stores.sql_gateway import AdminServer, admin_token_for
@@ -201,7 +201,11 @@ def worker(stage: Annotated[str, typer.Argument(help="stage name from the topolo
 
     async def run() -> None:
         if stage != SINK_STAGE:
-            await run_until_signalled([stage_worker(s, Topology(s), stage, bs)], on_started=ready)
+            workers = [stage_worker(s, Topology(s), stage, bs)]
+            if stage == FEEDBACK_HOST:
+                admin_url = f"http://127.0.0.1:{s.admin_port}" if s.admin_port else None
+                workers.append(feedback_worker(s, bs, admin_url))
+            await run_until_signalled(workers, on_started=ready)
             return
         wh = open_warehouse(s)
         admin = await AdminServer(wh, admin_port or s.admin_port, admin_token_for(s)).start()

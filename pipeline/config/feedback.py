@@ -7,6 +7,8 @@ from typing import Literal
 
 from pydantic import BaseModel, Field, model_validator
 
+from pipeline.contracts.feedback import Feedback, Refusal
+
 MetricType = Literal["boolean", "float", "comment", "demonstration"]
 MetricLevel = Literal["request", "episode"]
 
@@ -61,3 +63,12 @@ class FeedbackSettings(BaseModel):
 
     def metric(self, name: str) -> FeedbackMetric | None:
         return next((m for m in self.metrics if m.name == name), None)
+
+    def refusal(self, fb: Feedback) -> Refusal | None:
+        """Why `fb` is not feedback on a declared metric; None when it is."""
+        metric = self.metric(fb.metric)
+        if metric is None:
+            known = ", ".join(m.name for m in self.metrics)
+            return Refusal("unknown_metric", 422, f"no feedback metric {fb.metric!r} (configured: {known})")
+        problem = metric.problem(fb.target[0], fb.value, self.max_text_chars)
+        return None if problem is None else Refusal("invalid_feedback", 422, problem)

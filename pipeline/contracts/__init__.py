@@ -4,6 +4,7 @@ from pipeline.contracts.admit import AdmitRelease, AdmitStateRecord
 from pipeline.contracts.control import BreakerUpdate, CacheInvalidate, CachePut, ControlRecord, Marker
 from pipeline.contracts.dlq import DlqRecord
 from pipeline.contracts.evidence import Evidence
+from pipeline.contracts.feedback import Feedback
 from pipeline.contracts.request import ChatMessage, ReplyTo, RequestDoc, StageTiming
 from pipeline.contracts.response import Response, Status, Usage
 from pipeline.contracts.rollout import Rollout
@@ -23,6 +24,7 @@ WIRE_MODELS = {
     "admit_state": AdmitStateRecord,
     "delta": Delta,
     "cancel": Cancel,
+    "feedback": Feedback,
 }
 
 __all__ = [
@@ -39,6 +41,7 @@ __all__ = [
     "ChatMessage",
     "DlqRecord",
     "Evidence",
+    "Feedback",
     "ReplyTo",
     "RequestDoc",
     "Response",

@@ -10,12 +10,13 @@ feedback_id. A record it refuses goes to the DLQ with its original bytes and the
 from __future__ import annotations
 
 import uuid
+from dataclasses import dataclass
 from typing import Literal
 
 from pydantic import Field, StrictBool, model_validator
 
 from pipeline.contracts.base import WireModel, now_ms
-from pipeline.contracts.request import EPISODE_ID, ReplyTo
+from pipeline.contracts.request import EPISODE_ID
 
 FEEDBACK_SCHEMA = "feedback/v1"
 FEEDBACK_ID = r"^[A-Za-z0-9_.:-]{1,128}$"
@@ -35,7 +36,6 @@ class Feedback(WireModel):
     api_key: str | None = None
     caller_assertion: str | None = None
     masked: bool = Field(False, description="the text value has been through mask (set by the feedback worker)")
-    reply_to: ReplyTo | None = None
     created_ms: int = Field(default_factory=now_ms)
 
     @model_validator(mode="after")
@@ -47,3 +47,12 @@ class Feedback(WireModel):
     @property
     def target(self) -> tuple[Literal["request", "episode"], str]:
         return ("request", self.request_id) if self.request_id is not None else ("episode", self.episode_id or "")
+
+
+@dataclass(frozen=True)
+class Refusal:
+    """Why feedback is not accepted: the class (also the DLQ's), the HTTP status the door answers."""
+
+    error_class: str  # unknown_metric | invalid_feedback | forbidden | unknown_target | unauthenticated
+    status: int
+    reason: str

@@ -26,7 +26,7 @@ from typing import Any
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 
 from pipeline.config.settings import KafkaSecurity, kafka_kwargs
-from pipeline.contracts import Cancel, Delta, ReplyTo, RequestDoc, Response
+from pipeline.contracts import Cancel, Delta, Feedback, ReplyTo, RequestDoc, Response
 from pipeline.contracts.base import now_ms
 from pipeline.contracts.request import ChatBody, ChatMessage
 from pipeline.ingress.stream_follow import Ended, Piece, StreamFollower
@@ -203,6 +203,12 @@ class Client:
     def cancel_soon(self, request_id: str, reason: str = "caller") -> None:
         """`cancel` from code that may not await (a cancelled task's cleanup); stop() waits for it."""
         self._soon(self.cancel(request_id, reason), "a cancel")
+
+    async def send_feedback(self, fb: Feedback) -> None:
+        """Publish feedback (an API key in `fb.api_key`, or the door's assertion); returns once the
+        broker has it. The feedback worker checks, masks and stores it; a refusal lands in the DLQ."""
+        assert self.producer is not None, "start() the client first"
+        await self.producer.send_and_wait(self.names.feedback, encode(fb), key=fb.target[1].encode())
 
     def publish_soon(self, topic: str, record: Any, key: str) -> None:
         """Publish a record without waiting for the broker (e.g. the front door's timing evidence)."""

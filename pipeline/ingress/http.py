@@ -37,7 +37,8 @@ from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, Counter, Histogram,
 from pydantic import ValidationError
 
 from pipeline.config.settings import Settings
-from pipeline.contracts import RequestDoc, Response
+from pipeline.contracts import Feedback, RequestDoc, Response
+from pipeline.contracts.request import ANONYMOUS_TENANT
 from pipeline.ingress.client import Client, ClientTimeout
 from pipeline.ingress.openai_body import BodyError, ChatRequest, chat_request
 from pipeline.ingress.openai_reply import completion, error_body, http_status, retry_after_s
@@ -50,6 +51,7 @@ from pipeline.runtime.follower import ControlFollower
 from pipeline.runtime.topics import TopicNames
 from pipeline.security.caller_assertion import sign as sign_assertion
 from pipeline.security.sealing import Keyring, keyring_for
+from pipeline.stores.owners import Owners, owner_refusal
 
 log = logging.getLogger(__name__)
 
@@ -59,6 +61,7 @@ _LATENCY = Histogram("llmpipe_http_seconds", "front-door chat completion latency
 GRACE_S = 2.0  # wait this long past the deadline: the pipeline's own deadline answer is better than ours
 RECHECK_KEYS_EVERY_S = 1.0  # an unknown key re-reads `control` (a key just issued) at most this often
 EPISODE_HEADER = "x-llmpipe-episode-id"  # or `llmpipe.episode_id` in the body
+FEEDBACK_FIELDS = {"feedback_id", "request_id", "episode_id", "metric", "value"}  # what a caller may set
 
 
 class HttpError(Exception):
@@ -71,9 +74,10 @@ class FrontDoor:
     """The door's lifecycle: start() opens the reply partition and follows `control`; stop() closes
     both. `app` is the ASGI application (uvicorn serves it; tests may drive it directly)."""
 
-    def __init__(self, settings: Settings, bootstrap: str) -> None:
+    def __init__(self, settings: Settings, bootstrap: str, owners: Owners | None = None) -> None:
         self.settings = settings
         self.bootstrap = bootstrap
+        self.owners = owners  # who owns a request or episode (the warehouse); None: the feedback worker checks alone
         self.client = Client(bootstrap, topic_prefix=settings.topic_prefix, security=settings.kafka,
                              doorbell_dir=settings.doorbell_dir,
                              reply_partition=settings.http.reply_partition)
@@ -186,6 +190,39 @@ class FrontDoor:
         token_text = await self.token_text() if parsed.body.logprobs else None
         return HttpResponse(orjson.dumps(completion(resp, parsed.body.model, token_text)),
                             media_type="application/json", headers=_answer_headers(resp))
+
+    async def feedback(self, request: Request) -> JSONResponse:
+        """`POST /v1/feedback`: {request_id | episode_id, metric, value, feedback_id?}. Checked here as
+        far as the door can (the caller, the metric, the owner), then published with the door's signed
+        word for the caller; the feedback worker checks again, masks text and passes it on."""
+        fb_id = ""
+        try:
+            if not self.ready:
+                raise HttpError(503, "not_ready", "the front door is starting or stopping")
+            _, caller = await self._caller(request.headers.get("authorization"))
+            body = await self._body(request)
+            if unknown := sorted(set(body) - FEEDBACK_FIELDS):
+                raise HttpError(422, "invalid_request", f"unknown field(s) {unknown}; expected {sorted(FEEDBACK_FIELDS)}")
+            try:
+                fb = Feedback.model_validate(body)
+            except ValidationError as exc:
+                raise HttpError(422, "invalid_request", describe_validation_error(exc)) from None
+            fb_id = fb.feedback_id
+            refused = self.settings.feedback.refusal(fb)
+            if refused is None and self.owners is not None:
+                kind, target = fb.target
+                refused = owner_refusal(await self.owners.check(caller.tenant if caller else ANONYMOUS_TENANT, kind,
+                                                                target), kind)
+            if refused is not None:
+                raise HttpError(refused.status, refused.error_class, refused.reason)
+            if caller is not None:
+                assert self.keyring is not None
+                fb = fb.model_copy(update={"caller_assertion": sign_assertion(fb, caller, self.keyring)})
+            await self.client.send_feedback(fb)
+        except HttpError as exc:
+            return self._http_error(exc, fb_id)
+        _REQUESTS.labels("200").inc()
+        return JSONResponse({"feedback_id": fb.feedback_id})
 
     def _http_error(self, exc: HttpError, request_id: str) -> JSONResponse:
         _REQUESTS.labels(str(exc.status)).inc()
@@ -300,6 +337,7 @@ class FrontDoor:
     def _build_app(self) -> FastAPI:
         app = FastAPI(title="llmpipe", docs_url=None, redoc_url=None, openapi_url=None)
         app.add_api_route("/v1/chat/completions", self.chat_completions, methods=["POST"])
+        app.add_api_route("/v1/feedback", self.feedback, methods=["POST"])
 
         async def healthz() -> JSONResponse:
             ok = self.ready

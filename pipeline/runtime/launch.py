@@ -10,7 +10,7 @@ from collections.abc import Callable
 from pipeline.config.settings import Settings
 from pipeline.runtime.stage_handler import StageHandler
 from pipeline.runtime.topics import TopicNames
-from pipeline.runtime.topology import Topology
+from pipeline.runtime.topology import Topology, import_object
 from pipeline.runtime.worker import StageWorker, default_worker_id
 from pipeline.stores.warehouse import Warehouse
 from pipeline.stores.warehouse_sink import SINK_STAGE, WarehouseSink
@@ -44,6 +44,23 @@ def sink_worker(settings: Settings, bootstrap: str, warehouse: Warehouse) -> Sta
     consumer = settings.consumer.model_copy(update={"doorbell": False, "fetch_every_ms": settings.sink.flush_interval_ms})
     return StageWorker(sink, settings, bootstrap=bootstrap, topics=sink.topics, group_id=group_id(settings, SINK_STAGE),
                        runtime=runtime, consumer=consumer, worker_id=worker_id)
+
+
+FEEDBACK_WORKER = "pipeline.stages.feedback.stage:FeedbackWorker"
+FEEDBACK_HOST = "mask"  # the stage group whose processes also check feedback (they have its registry and masker)
+
+
+def feedback_worker(settings: Settings, bootstrap: str, admin_url: str | None) -> StageWorker:
+    """The feedback worker (its own consumer group), asking the warehouse who owns a target: through
+    the stack's admin endpoint when the warehouse is embedded, else directly."""
+    from pipeline.stores.owners import Owners
+    from pipeline.stores.sql_gateway import warehouse_query
+
+    worker_id = settings.worker_id or default_worker_id()
+    owners = Owners(warehouse_query(settings, admin_url), wait_s=settings.feedback.owner_wait_s)
+    handler = import_object(FEEDBACK_WORKER)(settings.model_copy(update={"bootstrap": bootstrap}), owners, worker_id)
+    return StageWorker(handler, settings, bootstrap=bootstrap, topics=handler.topics,
+                       group_id=f"{settings.topic_prefix}stage.{handler.name}", worker_id=worker_id)
 
 
 async def start_all(workers: list[StageWorker]) -> list[StageWorker]:

@@ -83,6 +83,14 @@ class TopicNames:
     def admit_release(self) -> str:
         return self("admit.release")
 
+    @property
+    def feedback(self) -> str:
+        return self("feedback")
+
+    @property
+    def feedback_accepted(self) -> str:
+        return self("feedback.accepted")
+
 
 @dataclass
 class ApplyResult:

@@ -12,6 +12,7 @@ import time
 from collections.abc import Callable
 from typing import Any, Literal
 
+from pipeline.contracts.feedback import Refusal
 from pipeline.stores.warehouse import QueryResult
 
 Verdict = Literal["ok", "forbidden", "unknown"]
@@ -27,6 +28,14 @@ def verdict(tenant: str, owners: set[str]) -> Verdict:
     if tenant in owners:
         return "ok"
     return "forbidden" if owners else "unknown"
+
+
+def owner_refusal(v: Verdict, kind: str) -> Refusal | None:
+    if v == "forbidden":
+        return Refusal("forbidden", 403, f"the {kind} belongs to another tenant")
+    if v == "unknown":
+        return Refusal("unknown_target", 404, f"no answered {kind} with this id")
+    return None
 
 
 class Owners:

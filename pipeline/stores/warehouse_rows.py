@@ -5,7 +5,7 @@ from __future__ import annotations
 from datetime import datetime, timezone
 from typing import Any
 
-from pipeline.contracts import DlqRecord, Evidence, Response, Rollout, WeightEvent
+from pipeline.contracts import DlqRecord, Evidence, Feedback, Response, Rollout, WeightEvent
 
 
 def _ts(ms: int | None) -> datetime:
@@ -86,4 +86,19 @@ def dead_letter_row(d: DlqRecord) -> list[Any]:
     return [
         d.topic, d.partition, d.offset, d.stage, d.worker, d.error_class, d.attempts, d.request_id or "",
         d.tenant_id or "", _ts(d.failed_ms),
+    ]
+
+
+FEEDBACK_COLUMNS = [
+    "feedback_id", "tenant_id", "target", "request_id", "episode_id", "metric", "metric_type", "value_float",
+    "value_text", "created",
+]
+
+
+def feedback_row(f: Feedback) -> list[Any]:
+    v = f.value
+    kind = "boolean" if isinstance(v, bool) else "float" if isinstance(v, float) else "text"
+    return [
+        f.feedback_id, f.tenant_id or "", f.target[0], f.request_id or "", f.episode_id or "", f.metric,
+        kind, float(v) if kind != "text" else None, v if isinstance(v, str) else "", _ts(f.created_ms),
     ]

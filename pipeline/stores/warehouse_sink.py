@@ -1,4 +1,4 @@
-"""The warehouse sink: evidence, finished requests, rollouts and dead letters into ClickHouse.
+"""The warehouse sink: evidence, finished requests, rollouts, feedback and dead letters into ClickHouse.
 
 Per batch: decode each record by its topic -> insert each table's rows (one insert per table,
 chDB costs 11-22 ms per insert whatever its size) -> return, so the worker commits the offsets.
@@ -19,7 +19,7 @@ from aiokafka import AIOKafkaProducer
 from pydantic import BaseModel
 
 from pipeline.config.settings import SinkSettings
-from pipeline.contracts import DlqRecord, Evidence, Response, Rollout, WeightEvent
+from pipeline.contracts import DlqRecord, Evidence, Feedback, Response, Rollout, WeightEvent
 from pipeline.runtime.codec import decode, encode
 from pipeline.runtime.dlq import dead_letter
 from pipeline.runtime.errors import DecodeError
@@ -41,6 +41,7 @@ _ROUTES: dict[str, tuple[type[BaseModel], str, list[str], Callable[[Any], list[A
     "rollouts": (Rollout, "rollouts", rows.ROLLOUTS_COLUMNS, rows.rollout_row),
     "weight_events": (WeightEvent, "weight_events", rows.WEIGHT_EVENTS_COLUMNS, rows.weight_event_row),
     "dlq": (DlqRecord, "dead_letters", rows.DEAD_LETTERS_COLUMNS, rows.dead_letter_row),
+    "feedback.accepted": (Feedback, "feedback", rows.FEEDBACK_COLUMNS, rows.feedback_row),
 }
 
 

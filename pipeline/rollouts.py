@@ -10,6 +10,7 @@ Export reads the `training_samples` view (schemas/clickhouse/011_training_sample
 from __future__ import annotations
 
 import hashlib
+import re
 import uuid
 from collections import Counter
 from dataclasses import dataclass, field
@@ -18,6 +19,7 @@ from typing import Any, Callable
 
 import orjson
 
+from pipeline.config.feedback import FeedbackSettings
 from pipeline.contracts import RequestDoc, Response
 from pipeline.contracts.request import ChatBody, ChatMessage, HookSpec, RolloutRequest
 from pipeline.ingress.client import Client
@@ -115,6 +117,44 @@ def export_rows(query: Callable[[str, dict[str, Any]], Any], actor_revision: str
                 dataset_revision: str | None, include_rejected: bool = False) -> tuple[list[str], list[list[Any]]]:
     res = query(EXPORT_SQL, {"actor": actor_revision or "", "dataset": dataset_revision or "",
                              "include_rejected": int(include_rejected)})
+    return list(res.columns), [list(r) for r in res.rows]
+
+
+FEEDBACK_EXPORT_SQL = """
+SELECT request_id AS sample_id, if(episode_id != '', episode_id, request_id) AS group_id, request_id,
+       actor_revision, concat('feedback:', metric) AS prompt_dataset_revision, tokenizer_revision,
+       chat_template_revision, prompt_token_ids, generated_token_ids, logprobs, value_float AS score,
+       metric, feedback_id, target, tenant_id, model, adapter, deployment, answered_at AS created_at
+FROM training_candidates
+WHERE metric = {metric:String} AND length(generated_token_ids) > 0
+  AND ({op:String} = '' OR ({op:String} = '>=' AND value_float >= {x:Float64})
+                        OR ({op:String} = '<=' AND value_float <= {x:Float64}))
+ORDER BY group_id, sample_id, feedback_id
+"""
+_SELECTOR = re.compile(r"^([a-z][a-z0-9_]{0,63})(?:(>=|<=)(-?[0-9.]+(?:e-?[0-9]+)?))?$")
+
+
+def feedback_selector(text: str, settings: FeedbackSettings) -> tuple[str, str, float]:
+    """`METRIC[>=X]` (or `<=X`) -> (metric, op, x). A boolean metric without a bound selects its
+    good answers (1 when higher is better, else 0); a float metric without one selects all."""
+    m = _SELECTOR.match(text.replace(" ", ""))
+    if m is None:
+        raise ValueError(f"--from-feedback: expected METRIC, METRIC>=X or METRIC<=X, got {text!r}")
+    name, op, x = m.group(1), m.group(2) or "", float(m.group(3)) if m.group(3) else 0.0
+    metric = settings.metric(name)
+    if metric is None or metric.type not in ("boolean", "float"):
+        numeric = [mm.name for mm in settings.metrics if mm.type in ("boolean", "float")]
+        raise ValueError(f"--from-feedback: {name!r} is not a boolean or float metric (those: {', '.join(numeric)})")
+    if metric.type == "boolean" and not op:
+        op, x = (">=", 1.0) if metric.higher_is_better else ("<=", 0.0)
+    return name, op, x
+
+
+def feedback_export_rows(query: Callable[[str, dict[str, Any]], Any], metric: str, op: str,
+                         x: float) -> tuple[list[str], list[list[Any]]]:
+    """Served answers with this feedback, as samples: the token ids and logprobs recorded for them
+    (callers that asked for logprobs), their actor and template provenance, the value as `score`."""
+    res = query(FEEDBACK_EXPORT_SQL, {"metric": metric, "op": op, "x": x})
     return list(res.columns), [list(r) for r in res.rows]
 
 

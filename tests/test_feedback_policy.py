@@ -93,3 +93,17 @@ def test_the_cli_reads_the_value_as_the_metric_takes_it():
         parse_value("maybe", "boolean")
     with pytest.raises(CliError, match="a number"):
         parse_value("high", "float")
+
+
+def test_the_export_selector_reads_a_metric_and_a_bound():
+    from pipeline.rollouts import feedback_selector
+
+    assert feedback_selector("rating>=4", S) == ("rating", ">=", 4.0)
+    assert feedback_selector("rating <= -0.5", S) == ("rating", "<=", -0.5)
+    assert feedback_selector("rating", S) == ("rating", "", 0.0)
+    assert feedback_selector("thumbs_up", S) == ("thumbs_up", ">=", 1.0)  # the good ones
+    lower = FeedbackSettings(metrics=[FeedbackMetric(name="toxic", type="boolean", higher_is_better=False)])
+    assert feedback_selector("toxic", lower) == ("toxic", "<=", 0.0)
+    for bad in ("comment", "stars", "rating>4", "rating>=four"):
+        with pytest.raises(ValueError, match="--from-feedback"):
+            feedback_selector(bad, S)

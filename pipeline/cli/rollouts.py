@@ -83,15 +83,25 @@ def rollouts_export(out_file: Annotated[Path, typer.Option("--out", help="the fi
                     dataset_revision: Annotated[Optional[str], typer.Option("--dataset-revision")] = None,
                     include_rejected: Annotated[bool, typer.Option(
                         "--include-rejected", help="also samples of rolled-back actor revisions (column `rejected`)")] = False,
+                    from_feedback: Annotated[Optional[str], typer.Option(
+                        "--from-feedback", help="METRIC[>=X]: served answers with this feedback, not rollouts")] = None,
                     data_dir: DataDir = Path(".llmpipe"), config: ConfigFile = None, bootstrap: Bootstrap = None,
                     json: Json = False) -> None:
-    """Write training-ready samples (the `training_samples` view: ids, logprobs, score, advantage)."""
-    from pipeline.rollouts import EXPORT_FORMATS, export_rows, write_export
+    """Write training-ready samples (the `training_samples` view: ids, logprobs, score, advantage),
+    or with --from-feedback served answers with their feedback (the `training_candidates` view)."""
+    from pipeline.rollouts import EXPORT_FORMATS, export_rows, feedback_export_rows, feedback_selector, write_export
 
     if format not in EXPORT_FORMATS:
         raise CliError(f"--format must be one of {', '.join(EXPORT_FORMATS)}")
     s = _settings(data_dir, config, bootstrap)
-    columns, rows = export_rows(_query_fn(s), actor_revision, dataset_revision, include_rejected)
+    if from_feedback is not None:
+        try:
+            metric, op, x = feedback_selector(from_feedback, s.feedback)
+        except ValueError as exc:
+            raise CliError(str(exc)) from None
+        columns, rows = feedback_export_rows(_query_fn(s), metric, op, x)
+    else:
+        columns, rows = export_rows(_query_fn(s), actor_revision, dataset_revision, include_rejected)
     write_export(columns, rows, out_file, format)
     doc = {"rows": len(rows), "groups": len({r[columns.index("group_id")] for r in rows}), "path": str(out_file),
            "format": format}

@@ -62,6 +62,8 @@ class Response(WireModel):
     cache: str | None = Field(None, description="hit | miss | bypass")
     domain: str | None = Field(None, description="the cache domain the request was looked up in")
     usage: Usage = Usage()
+    prompt_token_ids: list[int] | None = Field(None, description="the prompt as the engine saw it, when logprobs "
+                                                                 "were asked for (the warehouse's training record)")
     token_ids: list[int] | None = Field(None, description="generated token ids, when logprobs were asked for")
     logprobs: list[float] | None = Field(None, description="one logprob per generated token, when asked for")
     cost_usd: float = 0.0

@@ -407,7 +407,10 @@ class GenerateStage(Stage):
                 {"deployment": d.name, "worker": self.member, "n": plan.n, "engine_max_num_seqs":
                  self.ctx.settings.engine.max_num_seqs, "gate_in_flight_at_start": done.in_flight})
             sec = sec.model_copy(update={"samples": summary})
-        revisions = {"model": sec.model_revision, **({"adapter": spec.revision} if spec is not None else {})}
+        prov = self.provenance.get(d.name)
+        revisions = {"model": sec.model_revision, **({"adapter": spec.revision} if spec is not None else {}),
+                     **({"tokenizer": prov.tokenizer_revision, "chat_template": prov.chat_template_revision}
+                        if prov is not None else {})}
         self._row(a, "ok", sec.finish_reason, d.name, revisions=revisions,
                   scores={"latency_ms": round(done.ms, 2), "tokens_in": float(sec.tokens_in),
                           "tokens_out": float(sec.tokens_out), "attempt": float(attempt)})

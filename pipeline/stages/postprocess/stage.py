@@ -94,6 +94,7 @@ class PostprocessStage(ThreadedStage):
             route=route.decision if route else None, model=(gen.model if gen else (route.model if route else None)),
             deployment=gen.deployment if gen else None,
             token_ids=generated.token_ids if want_logprobs else None,  # type: ignore[union-attr]
+            prompt_token_ids=generated.prompt_token_ids if want_logprobs else None,  # type: ignore[union-attr]
             logprobs=generated.logprobs if want_logprobs else None,  # type: ignore[union-attr]
             cost_usd=generated.cost_usd if generated else 0.0,
             adapter=gen.adapter if gen else None, placement=route.placement if route else None,

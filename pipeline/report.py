@@ -40,7 +40,16 @@ SECTIONS = [
     Section("cache_by_domain", "Cache by domain",
             "hits are served from the cache; shadow hits are looked up and not served; the false-hit estimate "
             "is the share of shadow hits whose cached answer disagreed with the model's"),
+    Section("cache_feedback", "Callers on cached answers",
+            "boolean feedback on answers the cache served vs on generated answers, per domain: a false-hit "
+            "signal from callers, beside the shadow estimate above"),
     Section("route_mix", "Routes and cost", "requests, tokens and cost (USD) per route"),
+    Section("experiment_variants", "Experiments",
+            "per variant: requests, episodes, cost and latency, and each numeric feedback metric's mean with "
+            "its 95 % confidence interval"),
+    Section("feedback_by", "Feedback by what made the answer",
+            "numeric feedback by route, adapter, actor revision, deployment, cache status, route policy and "
+            "variant: count, mean (boolean: share of true), 95 % half-width"),
     Section("rejections", "Rejections and errors", "requests not answered ok: why, and which stage answered"),
     Section("retries_fallbacks", "Retries and fallbacks",
             "generations that needed more than one engine attempt, the latency that added, the prompt tokens "

@@ -88,3 +88,69 @@ def test_feedback_joins_its_answer_by_adapter_and_actor_and_becomes_a_training_c
     assert down["prompt_dataset_revision"] == "feedback:thumbs_up" and down["chat_template_revision"] == "tpl@1"
     assert out["thumbs_up"] == []  # the thumbs-up answer recorded no token ids: nothing to train on
     assert [r["sample_id"] for r in out["task_success"]] == ["r-adapter"]
+
+
+EXPERIMENT_SCRIPT = r"""
+import json, random, sys
+from datetime import datetime, timezone
+from pipeline.contracts import Feedback, Response
+from pipeline.report import query_text
+from pipeline.stages.route.experiments import Experiment, assign
+from pipeline.stores import warehouse_rows as rows
+from pipeline.stores.sql_gateway import analyst_query
+from pipeline.stores.warehouse import Warehouse
+
+w = Warehouse("chdb://" + sys.argv[1])
+w.migrate()
+exp = Experiment(name="tone", route="simple", variants=[{"name": "a", "weight": 1}, {"name": "b", "weight": 1}])
+rng = random.Random(7)
+answers, feedback = [], []
+for i in range(200):
+    ep = f"ep-{i % 40}"
+    v = assign(exp, ep, f"r{i}").variant.name
+    answers.append(Response(request_id=f"r{i}", tenant_id="acme", status="ok", answered_by="postprocess", cache="miss",
+                            route="simple", experiment="tone", variant=v, episode_id=ep, cost_usd=0.001 * (i % 7),
+                            created_ms=1_700_000_000_000, finished_ms=1_700_000_000_000 + 100 * (i % 13)))
+    if i % 3 == 0:
+        feedback.append(Feedback(request_id=f"r{i}", metric="rating", value=round(rng.random() * (1.3 if v == "b" else 1), 3),
+                                 tenant_id="acme"))
+for e in range(40):
+    feedback.append(Feedback(episode_id=f"ep-{e}", metric="task_success", value=rng.random() < 0.6, tenant_id="acme"))
+w.insert("requests", rows.REQUESTS_COLUMNS, [rows.request_row(r) for r in answers])
+w.insert("feedback", rows.FEEDBACK_COLUMNS, [rows.feedback_row(f) for f in feedback])
+res = analyst_query(w, query_text("experiment_variants"), {"since": "2000-01-01 00:00:00.000"})
+raw = {"answers": [[a.request_id, a.variant, a.episode_id, a.cost_usd] for a in answers],
+       "feedback": [[f.request_id, f.episode_id, f.metric, float(f.value)] for f in feedback]}
+print(json.dumps({"columns": res.columns, "rows": [list(r) for r in res.rows], "raw": raw}, default=str))
+"""
+
+
+def test_the_per_variant_feedback_query_matches_a_computation_from_the_raw_rows(tmp_path):
+    import math
+    import statistics
+
+    run = subprocess.run([sys.executable, "-c", EXPERIMENT_SCRIPT, str(tmp_path / "wh")], cwd=ROOT,
+                         capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0, run.stderr
+    out = json.loads(run.stdout.strip().splitlines()[-1])
+    got = {(r["variant"], r["metric"]): r for r in (dict(zip(out["columns"], row)) for row in out["rows"])}
+    variant_of = {rid: v for rid, v, _, _ in out["raw"]["answers"]}
+    requests_of_episode: dict[str, list[str]] = {}
+    for rid, _, ep, _ in out["raw"]["answers"]:
+        requests_of_episode.setdefault(ep, []).append(rid)
+    values: dict[tuple[str, str], list[float]] = {}
+    for rid, ep, metric, value in out["raw"]["feedback"]:
+        targets = [rid] if rid else requests_of_episode[ep]  # episode feedback counts for each of its requests
+        for t in targets:
+            values.setdefault((variant_of[t], metric), []).append(value)
+    assert set(got) == set(values) and {v for v, _ in got} == {"a", "b"}
+    for key, vals in values.items():
+        row, mean = got[key], statistics.fmean(vals)
+        half = 1.96 * statistics.stdev(vals) / math.sqrt(len(vals))
+        assert row["feedback"] == len(vals)
+        assert abs(row["mean"] - mean) < 1e-4 and abs(row["ci95_low"] - (mean - half)) < 1e-4, (key, row, mean, half)
+        assert abs(row["ci95_high"] - (mean + half)) < 1e-4
+        n_requests = sum(1 for v in variant_of.values() if v == key[0])
+        assert row["requests"] == n_requests
+        cost = [c for _, v, _, c in out["raw"]["answers"] if v == key[0]]
+        assert abs(row["total_cost_usd"] - sum(cost)) < 1e-6

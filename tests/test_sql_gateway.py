@@ -102,11 +102,13 @@ def test_pre_check_accepts(statement):
 
 
 def test_shipped_queries_pass_the_pre_check():
-    from pipeline.rollouts import EXPORT_SQL
+    from pipeline.rollouts import EXPORT_SQL, FEEDBACK_EXPORT_SQL
+    from pipeline.stores.owners import _SQL as OWNER_SQL
 
     for sec in SECTIONS:
         check_read_only(query_text(sec.name))
-    check_read_only(EXPORT_SQL)
+    for sql in (EXPORT_SQL, FEEDBACK_EXPORT_SQL, *OWNER_SQL.values()):
+        check_read_only(sql)
 
 
 def test_admin_token_file_is_private_and_shared(tmp_path):

@@ -112,3 +112,57 @@ def rollouts_export(out_file: Annotated[Path, typer.Option("--out", help="the fi
 
 
 
+
+
+@rollouts_app.command("follow")
+@command
+def rollouts_follow(trainer: Annotated[str, typer.Option("--trainer", help="the consumer group is "
+                                                                        "PREFIX.trainer.NAME")] = "trainer",
+                    batch_groups: Annotated[int, typer.Option("--batch-groups", min=1)] = 8,
+                    max_staleness: Annotated[int, typer.Option(
+                        "--max-staleness", min=0, help="actor activations a sample may be behind the active one")] = 1,
+                    stale: Annotated[str, typer.Option("--stale", help="drop | flag")] = "drop",
+                    out_file: Annotated[Optional[Path], typer.Option(
+                        "--out", help="append each batch's samples here (JSONL) before acknowledging it")] = None,
+                    max_batches: Annotated[Optional[int], typer.Option("--max-batches", min=1)] = None,
+                    data_dir: DataDir = Path(".llmpipe"), config: ConfigFile = None, bootstrap: Bootstrap = None,
+                    json: Json = False) -> None:
+    """Consume rollouts as a trainer would: batches of complete, fresh sample groups, acknowledged
+    (committed) once written. Prints one line per acknowledged batch."""
+    import asyncio
+    import os
+
+    import orjson
+
+    from pipeline.training import RolloutStream
+
+    if stale not in ("drop", "flag"):
+        raise CliError("--stale must be drop or flag")
+    s = _settings(data_dir, config, bootstrap)
+    bs, prefix = _stack_bootstrap(s)
+
+    async def run() -> int:
+        done = 0
+        async with RolloutStream(bs, prefix, trainer=trainer, batch_groups=batch_groups, max_staleness=max_staleness,
+                                 stale=stale, security=s.kafka) as stream:  # type: ignore[arg-type]
+            async for batch in stream:
+                if out_file is not None:
+                    with open(out_file, "ab") as f:
+                        for g in batch.groups:
+                            for x in g.samples:
+                                f.write(orjson.dumps({**x.model_dump(mode="json"), "stale": g.stale}) + b"\n")
+                        f.flush()
+                        os.fsync(f.fileno())
+                await stream.ack(batch)
+                doc = {"acked": batch.batch_id, "groups": [g.request_id for g in batch.groups],
+                       "samples": len(batch.samples), "idle_ms": round(batch.idle_ms, 1),
+                       "revisions": sorted({g.actor_revision for g in batch.groups}), "dropped": dict(stream.dropped)}
+                print(orjson.dumps(doc).decode(), flush=True)
+                done += 1
+                if max_batches is not None and done >= max_batches:
+                    break
+        return done
+
+    n = asyncio.run(run())
+    if not json:
+        out.print(f"{n} batches acknowledged", style="dim")

@@ -7,7 +7,7 @@ from pipeline.contracts.evidence import Evidence
 from pipeline.contracts.feedback import Feedback
 from pipeline.contracts.request import ChatMessage, ReplyTo, RequestDoc, StageTiming
 from pipeline.contracts.response import Response, Status, Usage
-from pipeline.contracts.rollout import Rollout
+from pipeline.contracts.rollout import Rollout, RolloutConsumption
 from pipeline.contracts.stream import Cancel, Delta
 from pipeline.contracts.weights import WeightEvent
 
@@ -25,6 +25,7 @@ WIRE_MODELS = {
     "delta": Delta,
     "cancel": Cancel,
     "feedback": Feedback,
+    "rollout_consumption": RolloutConsumption,
 }
 
 __all__ = [
@@ -46,6 +47,7 @@ __all__ = [
     "RequestDoc",
     "Response",
     "Rollout",
+    "RolloutConsumption",
     "StageTiming",
     "Status",
     "Usage",

@@ -5,7 +5,7 @@ from __future__ import annotations
 from datetime import datetime, timezone
 from typing import Any
 
-from pipeline.contracts import DlqRecord, Evidence, Feedback, Response, Rollout, WeightEvent
+from pipeline.contracts import DlqRecord, Evidence, Feedback, Response, Rollout, RolloutConsumption, WeightEvent
 
 
 def _ts(ms: int | None) -> datetime:
@@ -104,3 +104,14 @@ def feedback_row(f: Feedback) -> list[Any]:
         f.feedback_id, f.tenant_id or "", f.target[0], f.request_id or "", f.episode_id or "", f.metric,
         kind, float(v) if kind != "text" else None, v if isinstance(v, str) else "", _ts(f.created_ms),
     ]
+
+
+CONSUMPTION_COLUMNS = [
+    "batch_id", "trainer", "groups", "samples", "idle_ms", "busy_ms", "queue_age_ms", "samples_by_revision",
+    "stale_by_revision", "dropped_by_revision", "flagged", "incomplete", "active_revision", "acked",
+]
+
+
+def consumption_row(c: RolloutConsumption) -> list[Any]:
+    return [c.batch_id, c.trainer, c.groups, c.samples, c.idle_ms, c.busy_ms, c.queue_age_ms, c.samples_by_revision,
+            c.stale_by_revision, c.dropped_by_revision, c.flagged, c.incomplete, c.active_revision, _ts(c.acked_ms)]

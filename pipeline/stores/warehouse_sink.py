@@ -19,7 +19,7 @@ from aiokafka import AIOKafkaProducer
 from pydantic import BaseModel
 
 from pipeline.config.settings import SinkSettings
-from pipeline.contracts import DlqRecord, Evidence, Feedback, Response, Rollout, WeightEvent
+from pipeline.contracts import DlqRecord, Evidence, Feedback, Response, Rollout, RolloutConsumption, WeightEvent
 from pipeline.runtime.codec import decode, encode
 from pipeline.runtime.dlq import dead_letter
 from pipeline.runtime.errors import DecodeError
@@ -42,6 +42,7 @@ _ROUTES: dict[str, tuple[type[BaseModel], str, list[str], Callable[[Any], list[A
     "weight_events": (WeightEvent, "weight_events", rows.WEIGHT_EVENTS_COLUMNS, rows.weight_event_row),
     "dlq": (DlqRecord, "dead_letters", rows.DEAD_LETTERS_COLUMNS, rows.dead_letter_row),
     "feedback.accepted": (Feedback, "feedback", rows.FEEDBACK_COLUMNS, rows.feedback_row),
+    "rollouts.consumed": (RolloutConsumption, "rollout_consumption", rows.CONSUMPTION_COLUMNS, rows.consumption_row),
 }
 
 

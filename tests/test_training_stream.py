@@ -1,0 +1,111 @@
+"""RolloutStream (pipeline/training.py): staleness, group assembly and the commit point without a
+broker; then on the embedded broker, an actor switch, a trainer killed with kill -9 and restarted,
+and the consumption records in the warehouse's report."""
+
+from __future__ import annotations
+
+import orjson
+from aiokafka import TopicPartition
+
+from pipeline.contracts import Rollout
+from pipeline.contracts.actor import ActorActivated
+from pipeline.runtime.codec import encode
+from pipeline.training import OffsetBook, RolloutStream, staleness, weights_revision
+
+TP = TopicPartition("llmpipe.rollouts", 0)
+
+
+def sample(request_id: str, i: int, n: int, actor: str = "smol@sha256:aa+actor@r1", created_ms: int = 0) -> Rollout:
+    return Rollout(sample_id=f"{request_id}:{i}", group_id=f"g-{request_id}", request_id=request_id,
+                   actor_revision=actor, temperature=1.0, top_p=1.0, max_tokens=8, prompt_token_ids=[1, 2],
+                   generated_token_ids=[3], logprobs=[-0.1], finish_reason="stop", score=0.5,
+                   batch_context=orjson.dumps({"n": n}).decode(), **({"created_ms": created_ms} if created_ms else {}))
+
+
+def test_weights_revision_and_staleness_count_activations_behind_the_active_one():
+    assert weights_revision("smol@sha256:aa+actor@r2") == "r2"
+    assert weights_revision("smol@sha256:aa") is None
+    assert weights_revision("smol@sha256:aa+support-lora@r1") is None  # a LoRA adapter is not the actor
+    history = ["r1", "r2", None, "r3"]  # a rollback to the base model, then r3
+    assert [staleness(history, r) for r in ("r3", None, "r2", "r1", "r9")] == [0, 1, 2, 3, 4]
+    assert staleness(["r1", "r2", "r1"], "r1") == 0  # re-activated: its last activation counts
+    assert staleness([], None) == 0 and staleness([], "r1") == 0
+
+
+def test_the_commit_point_stops_at_the_first_offset_still_pending():
+    book = OffsetBook()
+    for off in range(5):
+        book.consumed(TP, off)
+    assert book.advanced() == {}  # 0 is pending: nothing to commit
+    book.done(TP, 1)
+    book.done(TP, 2)
+    assert book.advanced() == {}
+    book.done(TP, 0)
+    assert book.advanced() == {TP: 3}
+    assert book.advanced() == {}  # it moved only once
+    book.done(TP, 4)
+    book.done(TP, 3)
+    assert book.advanced() == {TP: 5}
+
+
+def test_groups_complete_at_n_samples_and_stale_ones_are_dropped_or_flagged():
+    s = RolloutStream("unused:9092", max_staleness=0)
+    s.book.apply(ActorActivated(revision="r1", previous=None))
+    s.book.apply(ActorActivated(revision="r2", previous="r1"))
+    records = [sample("a", 0, 2), sample("b", 0, 2, actor="smol@sha256:aa+actor@r2"), sample("a", 1, 2),
+               sample("a", 1, 2), sample("b", 1, 2, actor="smol@sha256:aa+actor@r2")]
+    for off, r in enumerate(records):
+        s._take(TP, off, encode(r), now_ms=r.created_ms + 25)
+    s._release()
+    assert [g.request_id for g, _ in s._ready] == ["b"]  # a (r1) is one activation behind r2: dropped
+    assert s.dropped == {"smol@sha256:aa+actor@r1": 2}
+    (g, p) = s._ready[0]
+    assert [x.sample_id for x in g.samples] == ["b:0", "b:1"] and g.staleness == 0 and not g.stale
+    assert p.ages_ms == [25.0, 25.0]
+    # a's offsets (0, 2, and the duplicate at 3) are done; b's (1, 4) wait for the trainer's ack
+    assert s.offsets.advanced() == {TP: 1}
+
+    flag = RolloutStream("unused:9092", max_staleness=0, stale="flag")
+    flag.book.apply(ActorActivated(revision="r1", previous=None))
+    flag.book.apply(ActorActivated(revision="r2", previous="r1"))
+    for off, r in enumerate(records[:3]):
+        flag._take(TP, off, encode(r), now_ms=0)
+    flag._release()
+    assert [(g.request_id, g.stale, g.staleness) for g, _ in flag._ready] == [("a", True, 1)]
+
+
+def test_an_unreadable_record_is_skipped_and_counts_as_done():
+    s = RolloutStream("unused:9092")
+    s._take(TP, 0, b"{not json", now_ms=0)
+    assert s.unreadable == 1 and s.offsets.advanced() == {TP: 1}
+
+
+def test_a_complete_group_waits_behind_an_incomplete_one_of_its_partition():
+    s = RolloutStream("unused:9092", partial_timeout_s=60)
+    other = TopicPartition("llmpipe.rollouts", 1)
+    s._take(TP, 0, encode(sample("slow", 0, 2)), now_ms=0)  # half a group at offset 0
+    s._take(TP, 1, encode(sample("quick", 0, 1)), now_ms=0)  # complete, after it
+    s._take(other, 0, encode(sample("elsewhere", 0, 1)), now_ms=0)  # complete, another partition
+    s._release()
+    assert [g.request_id for g, _ in s._ready] == ["elsewhere"]  # quick is held: yielding it could not be committed
+    s._take(TP, 2, encode(sample("slow", 1, 2)), now_ms=0)
+    s._release()
+    assert [g.request_id for g, _ in s._ready] == ["elsewhere", "slow", "quick"]  # in offset order
+    expired = RolloutStream("unused:9092", partial_timeout_s=0)
+    expired._take(TP, 0, encode(sample("never", 0, 3)), now_ms=0)
+    expired._take(TP, 1, encode(sample("quick", 0, 1)), now_ms=0)
+    expired._expire()
+    expired._release()
+    assert expired.incomplete == 1 and [g.request_id for g, _ in expired._ready] == ["quick"]
+
+
+async def test_batches_are_acknowledged_in_the_order_they_were_yielded():
+    import pytest
+
+    from pipeline.training import Batch
+
+    s = RolloutStream("unused:9092")
+    s.consumer = s.producer = object()  # ack refuses before it touches either
+    s._unacked = ["first", "second"]
+    with pytest.raises(ValueError, match="in the order they were yielded"):
+        await s.ack(Batch(batch_id="second", groups=[], idle_ms=0))

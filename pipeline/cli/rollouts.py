@@ -19,6 +19,7 @@ from pipeline.cli.common import (
     _query_fn,
     _send_lines,
     _settings,
+    _stack_bootstrap,
     command,
     out,
 )

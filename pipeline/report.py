@@ -55,6 +55,12 @@ SECTIONS = [
             "generations that needed more than one engine attempt, the latency that added, the prompt tokens "
             "sent again"),
     Section("models", "Requested vs executed model", "the model a caller asked for and the model that ran it"),
+    Section("rl_operations", "RL operations",
+            "rollout samples and generated tokens/s, sample completion rate, and what trainers consumed: queue "
+            "age p50/p95 (ms), trainer idle share, stale samples dropped or flagged"),
+    Section("rollouts_by_revision", "Rollouts by actor revision",
+            "samples made, mean score, consumed and dropped as stale, and seconds from the revision going active "
+            "to its first sample"),
 ]
 
 

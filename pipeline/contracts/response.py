@@ -76,6 +76,7 @@ class Response(WireModel):
     duplicate_of: str | None = Field(None, description="idempotency: the request whose result this is")
     images: list[ImageShape] = Field(default_factory=list, description="the request's images as media decoded them")
     actor_revision: str | None = Field(None, description="rollouts: the weights that produced the samples")
+    samples_requested: int = Field(0, description="rollouts: the samples asked for (n), whether or not they came")
     samples: list[SampleSummary] = Field(default_factory=list, description="rollouts: every sample, scored "
                                                                              "(token ids and logprobs: `rollouts`)")
 

@@ -311,6 +311,7 @@ class StageHandler:
             "domain": doc.cache.domain if doc.cache else doc.context.domain, "episode_id": doc.episode_id,
             "experiment": doc.route.experiment if doc.route else None,
             "variant": doc.route.variant if doc.route else None,
+            "samples_requested": doc.rollout.n if doc.rollout else 0,
         })
 
     def _error_response(self, doc: RequestDoc, error_class: str, reason: str, status: Status = Status.error) -> Response:

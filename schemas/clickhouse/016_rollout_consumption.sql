@@ -21,4 +21,9 @@ CREATE TABLE IF NOT EXISTS rollout_consumption
 )
 ENGINE = ReplacingMergeTree(inserted)
 PARTITION BY toYYYYMM(acked)
-ORDER BY (trainer, batch_id)
+ORDER BY (trainer, batch_id);
+
+-- The samples a rollout request asked for (n), on its terminal row whether or not they came: the
+-- denominator of the sample completion rate.
+ALTER TABLE requests
+    ADD COLUMN IF NOT EXISTS samples_requested UInt32 DEFAULT 0

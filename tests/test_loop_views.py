@@ -1,5 +1,6 @@
-"""Feedback joined to what it is about, in chDB through the real migrations: feedback_joined,
-training_candidates and the --from-feedback export (no broker: rows inserted as the sink would)."""
+"""The loop's warehouse views and report sections in chDB through the real migrations: feedback_joined,
+training_candidates, the --from-feedback export, experiments and RL operations, each checked against
+a computation from the raw rows (no broker: rows inserted as the sink would)."""
 
 from __future__ import annotations
 
@@ -154,3 +155,63 @@ def test_the_per_variant_feedback_query_matches_a_computation_from_the_raw_rows(
         assert row["requests"] == n_requests
         cost = [c for _, v, _, c in out["raw"]["answers"] if v == key[0]]
         assert abs(row["total_cost_usd"] - sum(cost)) < 1e-6
+
+
+RL_SCRIPT = r"""
+import json, sys
+from pipeline.contracts import Response, Rollout, RolloutConsumption, WeightEvent
+from pipeline.report import query_text
+from pipeline.stores import warehouse_rows as rows
+from pipeline.stores.sql_gateway import analyst_query
+from pipeline.stores.warehouse import Warehouse
+
+w = Warehouse("chdb://" + sys.argv[1])
+w.migrate()
+T0 = 1_700_000_000_000
+samples = []
+for g in range(6):
+    actor = "smol@sha256:aa+actor@r1" if g < 3 else "smol@sha256:aa+actor@r2"
+    for i in range(4 if g != 5 else 3):  # the last group lost a sample
+        samples.append(Rollout(sample_id=f"q{g}:{i}", group_id=f"g{g}", request_id=f"q{g}", actor_revision=actor,
+                               temperature=1.0, top_p=1.0, max_tokens=8, prompt_token_ids=[1], generated_token_ids=[2] * (g + 1),
+                               logprobs=[-0.1] * (g + 1), finish_reason="stop", score=g / 10, created_ms=T0 + 1000 * g))
+w.insert("rollouts", rows.ROLLOUTS_COLUMNS, [rows.rollout_row(r) for r in samples])
+w.insert("requests", rows.REQUESTS_COLUMNS, [rows.request_row(Response(
+    request_id=f"q{g}", status="ok", answered_by="postprocess", samples_requested=4, finished_ms=T0 + 1000 * g))
+    for g in range(7)])  # q6 asked for 4 and got none
+w.insert("weight_events", rows.WEIGHT_EVENTS_COLUMNS, [rows.weight_event_row(WeightEvent(
+    replica="g1", kind="actor", name="actor", revision="r2", transition="active", at_ms=T0 + 2500))])
+w.insert("rollout_consumption", rows.CONSUMPTION_COLUMNS, [rows.consumption_row(c) for c in [
+    RolloutConsumption(batch_id="b1", trainer="t", groups=2, samples=8, idle_ms=300, busy_ms=700,
+                       queue_age_ms=[10, 20, 30, 40, 50, 60, 70, 80], samples_by_revision={"smol@sha256:aa+actor@r1": 8},
+                       acked_ms=T0 + 9000),
+    RolloutConsumption(batch_id="b2", trainer="t", groups=2, samples=8, idle_ms=100, busy_ms=900,
+                       queue_age_ms=[100] * 8, samples_by_revision={"smol@sha256:aa+actor@r2": 8},
+                       dropped_by_revision={"smol@sha256:aa+actor@r1": 4}, acked_ms=T0 + 9500),
+]])
+out = {}
+for name in ("rl_operations", "rollouts_by_revision"):
+    res = analyst_query(w, query_text(name), {"since": "2000-01-01 00:00:00.000"})
+    out[name] = [dict(zip(res.columns, r)) for r in res.rows]
+print(json.dumps(out, default=str))
+"""
+
+
+def test_rl_operations_match_the_raw_rows(tmp_path):
+    run = subprocess.run([sys.executable, "-c", RL_SCRIPT, str(tmp_path / "wh")], cwd=ROOT, capture_output=True,
+                         text=True, timeout=120)
+    assert run.returncode == 0, run.stderr
+    out = json.loads(run.stdout.strip().splitlines()[-1])
+    (ops,) = out["rl_operations"]
+    tokens = sum((g + 1) * (4 if g != 5 else 3) for g in range(6))
+    assert ops["rollout_samples"] == 23 and ops["generated_tokens"] == tokens
+    assert ops["generated_tokens_per_s"] == round(tokens / 5.0, 1)  # samples made over 5 s
+    assert ops["samples_requested"] == 28 and ops["sample_completion_rate"] == round(23 / 28, 4)
+    assert ops["consumed_samples"] == 16 and ops["trainer_idle_share"] == 0.2  # 400 of 2000 ms
+    assert 60 <= ops["queue_age_p50_ms"] <= 100 and ops["queue_age_p95_ms"] == 100.0
+    assert ops["stale_dropped"] == 4
+    by = {r["actor_revision"]: r for r in out["rollouts_by_revision"]}
+    r1, r2 = by["smol@sha256:aa+actor@r1"], by["smol@sha256:aa+actor@r2"]
+    assert (r1["samples"], r1["consumed"], r1["dropped_stale"]) == (12, 8, 4)
+    assert (r2["samples"], r2["consumed"]) == (11, 8)
+    assert r2["activate_to_first_sample_s"] == 0.5 and r1["activate_to_first_sample_s"] is None

@@ -4,13 +4,21 @@ and the consumption records in the warehouse's report."""
 
 from __future__ import annotations
 
+import asyncio
+import os
+import subprocess
+import sys
+from pathlib import Path
+
 import orjson
+import pytest
 from aiokafka import TopicPartition
 
 from pipeline.contracts import Rollout
 from pipeline.contracts.actor import ActorActivated
 from pipeline.runtime.codec import encode
 from pipeline.training import OffsetBook, RolloutStream, staleness, weights_revision
+from tests.conftest import ROOT, Sink, create_topics, settings_for, wait_until
 
 TP = TopicPartition("llmpipe.rollouts", 0)
 
@@ -100,8 +108,6 @@ def test_a_complete_group_waits_behind_an_incomplete_one_of_its_partition():
 
 
 async def test_batches_are_acknowledged_in_the_order_they_were_yielded():
-    import pytest
-
     from pipeline.training import Batch
 
     s = RolloutStream("unused:9092")
@@ -109,3 +115,88 @@ async def test_batches_are_acknowledged_in_the_order_they_were_yielded():
     s._unacked = ["first", "second"]
     with pytest.raises(ValueError, match="in the order they were yielded"):
         await s.ack(Batch(batch_id="second", groups=[], idle_ms=0))
+
+
+# ---- on the embedded broker --------------------------------------------------------------------
+
+
+def _follow(tmp_path, settings, name: str, *args: str) -> tuple[subprocess.Popen, Path]:
+    out = tmp_path / f"{name}.out"
+    env = {**os.environ, "LLMPIPE_BOOTSTRAP": settings.bootstrap, "LLMPIPE_TOPIC_PREFIX": settings.topic_prefix,
+           "LLMPIPE_DATA_DIR": str(tmp_path)}
+    with open(out, "wb") as f:
+        proc = subprocess.Popen([sys.executable, "-m", "pipeline.cli", "rollouts", "follow", "--json", *args],
+                                cwd=ROOT, env=env, stdout=f, stderr=subprocess.STDOUT)
+    return proc, out
+
+
+def _acked(out: Path) -> list[dict]:
+    return [orjson.loads(line) for line in out.read_bytes().splitlines() if line.startswith(b'{"acked"')]
+
+
+async def _publish(bootstrap: str, topic: str, records: list, partition: int | None = 0) -> None:
+    from aiokafka import AIOKafkaProducer
+
+    p = AIOKafkaProducer(bootstrap_servers=bootstrap, acks="all")
+    await p.start()
+    try:
+        for r in records:
+            key = getattr(r, "request_id", None) or f"actor:{getattr(r, 'revision', '')}"
+            await p.send_and_wait(topic, encode(r), key=key.encode(), partition=partition)
+    finally:
+        await p.stop()
+
+
+@pytest.mark.integration
+async def test_a_killed_trainer_repeats_and_loses_no_acknowledged_group_and_stale_ones_are_dropped(
+        broker, prefix, tmp_path):
+    from pipeline.report import query_text
+    from pipeline.runtime.topics import TopicNames
+
+    s = settings_for(tmp_path, prefix, broker.bootstrap, [])
+    await create_topics(s)
+    names = TopicNames(prefix)
+    sink = Sink(s, tmp_path)
+    r1, r2, r3 = ("smol@sha256:aa+actor@" + r for r in ("r1", "r2", "r3"))
+    try:
+        await sink.ready()
+        await _publish(broker.bootstrap, names("control"), [ActorActivated(revision="r1", previous=None)], None)
+        # partition 0: a0 a1, then half of `late`, then a2 a3 (held behind `late` until it completes)
+        first = [*(sample(g, i, 2, r1) for g in ("a0", "a1") for i in range(2)), sample("late", 0, 2, r1),
+                 *(sample(g, i, 2, r1) for g in ("a2", "a3") for i in range(2))]
+        await _publish(broker.bootstrap, names("rollouts"), first)
+        run1, out1 = _follow(tmp_path, s, "run1", "--batch-groups", "1", "--max-staleness", "5")
+        await wait_until(lambda: len(_acked(out1)) >= 2 or run1.poll() is not None, 120, "two batches acknowledged")
+        await asyncio.sleep(2)  # a2 and a3 are complete and in the trainer: only `late` holds them back
+        run1.kill()  # kill -9
+        run1.wait()
+        assert [b["groups"] for b in _acked(out1)] == [["a0"], ["a1"]], out1.read_text()
+
+        await _publish(broker.bootstrap, names("rollouts"), [sample("late", 1, 2, r1)])
+        run2, out2 = _follow(tmp_path, s, "run2", "--batch-groups", "1", "--max-staleness", "5", "--max-batches", "3")
+        assert run2.wait(120) == 0, out2.read_text()
+        assert [b["groups"] for b in _acked(out2)] == [["late"], ["a2"], ["a3"]]  # nothing acknowledged comes back
+
+        # the actor moves on twice: r1 is now two activations behind r3
+        await _publish(broker.bootstrap, names("control"), [ActorActivated(revision="r2", previous="r1"),
+                                                            ActorActivated(revision="r3", previous="r2")], None)
+        await _publish(broker.bootstrap, names("rollouts"), [
+            *(sample("old", i, 2, r1) for i in range(2)), *(sample("prev", i, 2, r2) for i in range(2)),
+            *(sample("new", i, 2, r3) for i in range(2))])
+        run3, out3 = _follow(tmp_path, s, "run3", "--batch-groups", "2", "--max-staleness", "1", "--max-batches", "1")
+        assert run3.wait(120) == 0, out3.read_text()
+        (batch,) = _acked(out3)
+        assert batch["groups"] == ["prev", "new"] and batch["dropped"] == {r1: 2}
+
+        rows = await wait_until(lambda: sink.query("SELECT sum(samples), count() FROM rollout_consumption FINAL")[0][1]
+                                >= 6 and sink.query(query_text("rl_operations"), {"since": "2000-01-01 00:00:00"}),
+                                60, "the consumption records in the warehouse")
+        (ops,) = rows
+        cols = ["rollout_samples", "generated_tokens", "generated_tokens_per_s", "samples_requested",
+                "sample_completion_rate", "consumed_samples", "queue_age_p50_ms", "queue_age_p95_ms",
+                "trainer_idle_share", "stale_dropped", "stale_flagged"]
+        ops = dict(zip(cols, ops))
+        assert ops["consumed_samples"] == 14 and ops["stale_dropped"] == 2
+        assert ops["queue_age_p95_ms"] >= ops["queue_age_p50_ms"] > 0 and 0 < ops["trainer_idle_share"] < 1
+    finally:
+        sink.stop()

@@ -41,7 +41,7 @@ import yaml  # noqa: E402
 from rich.console import Console  # noqa: E402
 from rich.table import Table  # noqa: E402
 
-from bench._common import pct  # noqa: E402
+from bench._common import PIN_ENV, pct, pin_split  # noqa: E402
 
 OVERHEAD_TARGET_MS = 30.0
 WINDOW_MS = 25.0
@@ -50,9 +50,9 @@ log = Console(stderr=True)
 PRE_ENGINE = ("mask", "cache", "route", "admit", "media", "vision")
 
 
-def cli(*args: str, data_dir: Path, timeout: float) -> subprocess.CompletedProcess[str]:
+def cli(*args: str, data_dir: Path, timeout: float, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, "-m", "pipeline.cli", *args, "--data-dir", str(data_dir)], cwd=ROOT,
-                          capture_output=True, text=True, timeout=timeout)
+                          capture_output=True, text=True, timeout=timeout, env={**os.environ, **(env or {})})
 
 
 async def one_stream(http: httpx.AsyncClient, url: str, key: str, prompt: str, max_tokens: int) -> dict[str, Any]:
@@ -156,7 +156,9 @@ def summarise(rows: list[dict[str, Any]]) -> dict[str, Any]:
 
 def main(rounds: int = typer.Option(4, help="rounds of concurrent streams"),
          concurrency: int = typer.Option(8, help="streams at once"),
-         max_tokens: int = typer.Option(64, help="tokens per answer")) -> None:
+         max_tokens: int = typer.Option(64, help="tokens per answer"),
+         pin: bool = typer.Option(False, "--pin", help="vLLM's engine core alone on core 0, every other process "
+                                                      "(stages, door, broker, this client) on the others")) -> None:
     from pipeline.registries.tenants import key_hash, new_api_key
 
     key = new_api_key()
@@ -166,12 +168,16 @@ def main(rounds: int = typer.Option(4, help="rounds of concurrent streams"),
         cfg.write_text(yaml.safe_dump({"tenants": [{"name": "bench", "limits": {"concurrency": 64, "rpm": 100_000},
                                                     "api_keys": [{"key_sha256": key_hash(key)}]}]}))
         t0 = time.monotonic()
-        up = cli("up", "--detach", "--processes", "--config", str(cfg), "--json", data_dir=data_dir, timeout=900)
+        up = cli("up", "--detach", "--processes", "--config", str(cfg), "--json", data_dir=data_dir, timeout=900,
+                 env=PIN_ENV if pin else None)
         if up.returncode != 0:
             raise SystemExit(f"llmpipe up failed: {up.stderr[-2000:]}")
         info = json.loads(up.stdout.strip().splitlines()[-1])
         log.print(f"stack up in {time.monotonic() - t0:.0f} s")
+        pinned = None
         try:
+            if pin:
+                pinned = pin_split([int(p) for p in json.loads((data_dir / "stack.json").read_text())["pids"].values()])
             rows = asyncio.run(run_rounds(info["http_url"] + "/v1/chat/completions", key, rounds, concurrency,
                                           max_tokens))
             firsts = asyncio.run(first_delta_ms(info["bootstrap"], info["topic_prefix"] + "deltas"))
@@ -180,7 +186,7 @@ def main(rounds: int = typer.Option(4, help="rounds of concurrent streams"),
         finally:
             cli("down", data_dir=data_dir, timeout=300)
     result = {"bench": "stream", "rounds": rounds, "concurrency": concurrency, "max_tokens": max_tokens,
-              "cpus": os.cpu_count(), **summarise(rows)}
+              "cpus": os.cpu_count(), "pinned": pinned, **summarise(rows)}
     table = Table(title=f"{concurrency} concurrent streams × {rounds} rounds, {max_tokens} tokens")
     for col in ("", "p50 ms", "p95 ms"):
         table.add_column(col)

@@ -182,6 +182,34 @@ def test_promote_and_demote_move_an_adapter_in_the_engine(lora_stack):
     assert rows[0]["state"] == "hot"
 
 
+def test_a_thumbs_down_on_an_adapter_answer_is_found_by_adapter_and_actor_and_exported(lora_stack, tmp_path):
+    import httpx
+
+    from pipeline.rollouts import read_export
+
+    info, keys, data_dir, _ = lora_stack
+    _, tokens, r = ask(info, keys["ta"], "Name a fruit.", "lora-a")
+    rid = r.model_extra["llmpipe"]["request_id"]
+    down = httpx.post(f"{info['http_url']}/v1/feedback", headers={"Authorization": f"Bearer {keys['ta']}"}, timeout=60,
+                      json={"request_id": rid, "metric": "thumbs_up", "value": False})
+    assert down.status_code == 200, down.text
+    actor = sql(data_dir, f"SELECT actor_revision FROM requests FINAL WHERE request_id = '{rid}'")[0]["actor_revision"]
+    assert actor.endswith("+lora-a@r1") and actor.startswith("smollm2-135m-instruct@sha256:")
+    deadline = time.monotonic() + 60
+    while not (found := sql(data_dir, "SELECT request_id FROM feedback_joined WHERE metric = 'thumbs_up' AND "
+                                      f"value_float = 0 AND adapter = 'lora-a@r1' AND actor_revision = '{actor}'")):
+        assert time.monotonic() < deadline, "the feedback did not reach feedback_joined"
+        time.sleep(1)
+    assert found == [{"request_id": rid}]
+    out = tmp_path / "liked-not.jsonl"
+    res = llmpipe("rollouts", "export", "--from-feedback", "thumbs_up<=0", "--format", "jsonl", "--out", str(out),
+                  "--json", data_dir=data_dir)
+    assert res.returncode == 0, res.stderr
+    (row,) = [x for x in read_export(out) if x["request_id"] == rid]
+    assert row["actor_revision"] == actor and row["score"] == 0.0 and len(row["generated_token_ids"]) == len(tokens)
+    assert len(row["logprobs"]) == len(tokens) and row["prompt_token_ids"] and row["chat_template_revision"]
+
+
 ROLLOUT_PROMPTS = [
     {"id": "capital", "prompt": "What is the capital of France? Answer with one word.", "pattern": "Paris"},
     {"id": "sum", "prompt": "What is 2+2? Answer with a number.", "pattern": "4"},

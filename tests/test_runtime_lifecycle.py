@@ -105,12 +105,13 @@ async def test_idle_stage_workers_poll_slower_and_speed_up_for_the_next_record(b
 
 
 async def test_sigterm_drains_in_flight_work_and_commits(broker, prefix, tmp_path):
+    N = 400  # 400 x 50 ms over 4 slots: 5 s of work, so the signal lands mid-stream on a fast host too
     s = settings_for(tmp_path, prefix, broker.bootstrap,
-                     [{"name": "slow", "class": "tests.stages:Sleep", "policy": {"sleep_ms": 20}}])
+                     [{"name": "slow", "class": "tests.stages:Sleep", "policy": {"sleep_ms": 50}}])
     await create_topics(s)
     names = TopicNames(prefix)
     async with Client(broker.bootstrap, topic_prefix=prefix) as client:
-        docs = [client.build(f"d{i}", timeout_s=600) for i in range(300)]
+        docs = [client.build(f"d{i}", timeout_s=600) for i in range(N)]
     await publish(broker.bootstrap, names.requests, docs)
     env = {"LLMPIPE_RUNTIME__CONCURRENCY": "4", "LLMPIPE_RUNTIME__QUEUE_BOUND": "50"}
     first = Proc("slow", s, tmp_path / "first.log", env=env)
@@ -122,17 +123,17 @@ async def test_sigterm_drains_in_flight_work_and_commits(broker, prefix, tmp_pat
     first.proc.send_signal(signal.SIGTERM)
     assert await asyncio.to_thread(first.proc.wait, 60) == 0, first.tail()
     done_by_first = await evidence_count()
-    assert 0 < done_by_first < 300, "SIGTERM arrived mid-stream"
+    assert 0 < done_by_first < N, "SIGTERM arrived mid-stream"
     second = Proc("slow", s, tmp_path / "second.log", env=env)
     try:
-        await wait_until(lambda: _at_least(evidence_count, 300), 120, "the rest processed by a new worker", interval=0.5)
+        await wait_until(lambda: _at_least(evidence_count, N), 120, "the rest processed by a new worker", interval=0.5)
         await asyncio.sleep(1.0)
         rows = [decode(r.value, Evidence) for r in await read_topic(broker.bootstrap, names.evidence, 10**9, timeout=2.0)]
     finally:
         second.stop()
     ids = [e.request_id for e in rows]
-    assert len(set(ids)) == 300
-    assert len(ids) == 300, f"{len(ids) - 300} records were processed twice: the drain did not commit"
+    assert len(set(ids)) == N
+    assert len(ids) == N, f"{len(ids) - N} records were processed twice: the drain did not commit"
 
 
 async def _at_least(fn, n: int) -> bool:

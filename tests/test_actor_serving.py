@@ -197,7 +197,7 @@ def test_a_thumbs_down_on_an_adapter_answer_is_found_by_adapter_and_actor_and_ex
     assert actor.endswith("+lora-a@r1") and actor.startswith("smollm2-135m-instruct@sha256:")
     deadline = time.monotonic() + 60
     while not (found := sql(data_dir, "SELECT request_id FROM feedback_joined WHERE metric = 'thumbs_up' AND "
-                                      f"value_float = 0 AND adapter = 'lora-a@r1' AND actor_revision = '{actor}'")):
+                                      f"value_float = 0 AND adapter = 'lora-a' AND actor_revision = '{actor}'")):
         assert time.monotonic() < deadline, "the feedback did not reach feedback_joined"
         time.sleep(1)
     assert found == [{"request_id": rid}]

@@ -23,7 +23,7 @@ w = Warehouse("chdb://" + sys.argv[1])
 w.migrate()
 base = dict(tenant_id="acme", status="ok", answered_by="postprocess", cache="miss", episode_id="ep-1")
 answers = [
-    Response(request_id="r-adapter", adapter="support-lora@r1", deployment="local-vllm", route="support",
+    Response(request_id="r-adapter", adapter="support-lora", deployment="local-vllm", route="support",
              actor_revision="smol@sha256:aa+support-lora@r1", prompt_token_ids=[1, 2, 3], token_ids=[7, 8],
              logprobs=[-0.5, -0.25], **base),
     Response(request_id="r-base", deployment="local-vllm", route="simple", actor_revision="smol@sha256:aa", **base),
@@ -51,7 +51,7 @@ res = q("SELECT feedback_id, request_id, adapter, actor_revision, route_policy_v
         "ORDER BY feedback_id, request_id")
 out["joined"] = [list(r) for r in res.rows]
 res = q("SELECT count() FROM feedback_joined WHERE metric = 'thumbs_up' AND value_float = 0 "
-        "AND adapter = 'support-lora@r1' AND actor_revision = 'smol@sha256:aa+support-lora@r1'")
+        "AND adapter = 'support-lora' AND actor_revision = 'smol@sha256:aa+support-lora@r1'")
 out["down_by_adapter_and_actor"] = res.rows[0][0]
 res = q("SELECT feedback_id, request_id, generated_token_ids, logprobs, tokenizer_revision, chat_template_revision "
         "FROM training_candidates ORDER BY feedback_id, request_id")
@@ -70,8 +70,8 @@ def test_feedback_joins_its_answer_by_adapter_and_actor_and_becomes_a_training_c
     assert run.returncode == 0, run.stderr
     out = json.loads(run.stdout.strip().splitlines()[-1])
     assert out["joined"] == [
-        ["down", "r-adapter", "support-lora@r1", "smol@sha256:aa+support-lora@r1", "route-v7", "miss"],
-        ["ep", "r-adapter", "support-lora@r1", "smol@sha256:aa+support-lora@r1", "route-v7", "miss"],
+        ["down", "r-adapter", "support-lora", "smol@sha256:aa+support-lora@r1", "route-v7", "miss"],
+        ["ep", "r-adapter", "support-lora", "smol@sha256:aa+support-lora@r1", "route-v7", "miss"],
         ["ep", "r-base", "", "smol@sha256:aa", "", "miss"],
         ["ep", "r-hit", "", "", "", "hit"],
         ["hit", "r-hit", "", "", "", "hit"],

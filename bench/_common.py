@@ -114,10 +114,19 @@ def _pin_threads(p, cpus: set[int]) -> int:
     return n
 
 
+def _children(p) -> list:
+    import psutil
+
+    try:
+        return p.children(recursive=True)
+    except psutil.Error:
+        return []
+
+
 def pin_split(root_pids: list[int]) -> dict:
-    """Pin vLLM's engine-core processes (found under `root_pids`) to ENGINE_CPU and every other
-    process of the trees, this one included, to the remaining cores. Raises if there is no engine
-    core to pin or only one core. Returns what was pinned, for the bench's JSON."""
+    """Pin vLLM's engine (found under `root_pids`: each engine-core process and its model worker) to
+    ENGINE_CPU and every other process of the trees, this one included, to the remaining cores.
+    Raises if there is no engine core to pin or only one core. Returns what was pinned, for the bench's JSON."""
     import psutil
 
     cores = sorted(os.sched_getaffinity(0) | {ENGINE_CPU})
@@ -132,9 +141,12 @@ def pin_split(root_pids: list[int]) -> dict:
                 procs[p.pid] = p
         except psutil.Error:
             pass
-    engine = [p for p in procs.values() if _is_engine_core(p)]
-    if not engine:
+    heads = [p for p in procs.values() if _is_engine_core(p)]
+    if not heads:
         raise RuntimeError(f"--pin: no process named {ENGINE_CORE_MARK} under {sorted(root_pids)}")
+    # vLLM on CPU runs the model in a worker process under the engine core (the mp executor is
+    # forced there): that process is the engine's compute, so it is pinned with its parent
+    engine = list({p.pid: p for c in heads for p in (c, *_children(c))}.values())
     threads = {"engine": sum(_pin_threads(p, {ENGINE_CPU}) for p in engine),
                "rest": sum(_pin_threads(p, rest) for p in procs.values() if p not in engine)}
     return {"engine_cpus": [ENGINE_CPU], "engine_pids": sorted(p.pid for p in engine), "rest_cpus": sorted(rest),

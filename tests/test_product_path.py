@@ -52,7 +52,7 @@ def test_submit_answers_paris_then_the_cache_serves_the_repeat(tmp_path):
         assert llmpipe("down", data_dir=tmp_path, timeout=180).returncode == 0
 
 
-def mixed_traffic(n: int = 200) -> list[dict]:
+def mixed_traffic(n: int = 96) -> list[dict]:
     """Plain questions, repeats (cache), PII, Korean, conversations, JSON-schema output, logprobs."""
     schema = {"type": "object", "properties": {"answer": {"type": "string", "maxLength": 40}}, "required": ["answer"],
               "additionalProperties": False}
@@ -85,41 +85,45 @@ def mixed_traffic(n: int = 200) -> list[dict]:
     return lines
 
 
+MIXED_N = 96  # 12 of each of the 8 kinds (was 200: the same checks, at twice the suite time)
+
+
 def load_all_kinds_and_check_every_answer_and_row(tmp_path) -> None:
     traffic = tmp_path / "mixed.jsonl"
-    traffic.write_text("".join(json.dumps(line, ensure_ascii=False) + "\n" for line in mixed_traffic()))
+    traffic.write_text("".join(json.dumps(line, ensure_ascii=False) + "\n" for line in mixed_traffic(MIXED_N)))
     t0_ms = int(time.time() * 1000)
     res = llmpipe("load", "--file", str(traffic), "--json", data_dir=tmp_path, timeout=900)
     assert res.returncode == 0, res.stderr
     summary = last_json(res)
-    assert summary["sent"] == 200 and sum(summary["by_status"].values()) == 200, summary
-    truncated = sum(1 for i in range(200) if i % 16 == 5)
+    assert summary["sent"] == MIXED_N and sum(summary["by_status"].values()) == MIXED_N, summary
+    truncated = sum(1 for i in range(MIXED_N) if i % 16 == 5)
     # the truncated ones always fail validation; a 135M model may also ramble past max_tokens inside a
     # valid-so-far JSON string now and then (seen once in ~40 such requests)
     errors = summary["by_status"].get("error", 0)
-    assert truncated <= errors <= truncated + 2 and summary["by_status"]["ok"] == 200 - errors, summary
+    assert truncated <= errors <= truncated + 2 and summary["by_status"]["ok"] == MIXED_N - errors, summary
     assert summary["by_error_class"] == {"schema_invalid": errors}, summary
     where = f"created >= fromUnixTimestamp64Milli(toInt64({t0_ms}))"
     deadline = time.monotonic() + 120
     while True:  # the sink flushes in batches
         rows = last_json(llmpipe("sql", f"SELECT count() AS n, uniqExact(request_id) AS u FROM requests FINAL "
                                         f"WHERE {where}", "--format", "json", data_dir=tmp_path))
-        if rows[0]["u"] >= 200 or time.monotonic() > deadline:
+        if rows[0]["u"] >= MIXED_N or time.monotonic() > deadline:
             break
         time.sleep(2)
-    assert rows[0]["n"] == rows[0]["u"] == 200, rows
+    assert rows[0]["n"] == rows[0]["u"] == MIXED_N, rows
     # every stage a request passed (its timings) left a decision row for it
     passed = last_json(llmpipe("sql", f"""
         SELECT r.request_id AS id, mapKeys(r.stage_service_ms) AS passed, groupUniqArray(d.stage) AS decided
         FROM (SELECT * FROM requests FINAL WHERE {where}) AS r
         LEFT JOIN (SELECT request_id, stage FROM decisions FINAL WHERE step = 0) AS d ON d.request_id = r.request_id
         GROUP BY id, passed""", "--format", "json", data_dir=tmp_path))
-    assert len(passed) == 200
+    assert len(passed) == MIXED_N
     missing = [(r["id"], sorted(set(r["passed"]) - set(r["decided"]))) for r in passed
                if not set(r["passed"]) <= set(r["decided"])]
     assert not missing, missing[:5]
     assert all({"mask", "cache", "route"} <= set(r["passed"]) for r in passed)
-    assert sum("admit" in r["passed"] for r in passed) >= 150, "every miss passes admit"
+    # every miss passes admit; only the repeated question (1 in 8) can be a hit
+    assert sum("admit" in r["passed"] for r in passed) >= MIXED_N - MIXED_N // 8, "every miss passes admit"
     for table in ("decisions", "requests"):
         dump = llmpipe("sql", f"SELECT * FROM {table}", "--format", "json", data_dir=tmp_path).stdout
         assert "@example.com" not in dump and "김민수" not in dump, f"PII in {table}"

@@ -1,10 +1,16 @@
 """Streaming through the front door vs the engine's own timing (`llmpipe up --processes`, real vLLM).
 
-    .venv/bin/python bench/stream_bench.py              # 8 concurrent streams, 4 rounds, 64 tokens (~6 min)
+    .venv/bin/python bench/stream_bench.py --pin        # 8 concurrent streams, 4 rounds per client, 64 tokens (~8 min)
     .venv/bin/python bench/stream_bench.py --rounds 1   # a quick look
 
 Each round sends 8 streamed chat completions at once (distinct prompts: every one a cache miss)
-with httpx and stamps every SSE chunk as it is read. For the same requests the finishing chunk's
+and stamps every SSE chunk as it is read, by two callers in alternating rounds on one stack:
+`raw`, a minimal HTTP/1.1 client on asyncio sockets (a new connection per request), and `httpx`
+(what most Python callers use). On a 2-core host the caller shares a core with the door, the
+broker and the stages, so its own cost is in the caller TTFT it sees: on 2026-12-04 the httpx
+caller saw 136 ms overhead p50 where the raw one saw 43 in the same interleaved run. The target
+is judged on `raw`, the one that measures the pipeline rather than the client; both are printed.
+For the same requests the finishing chunk's
 `llmpipe` extension carries the engine's TTFT and TPOT (measured inside generate around the engine
 call) and every stage's queue and service time. Per request:
 
@@ -30,6 +36,7 @@ import tempfile
 import time
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlparse
 
 ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
@@ -55,26 +62,8 @@ def cli(*args: str, data_dir: Path, timeout: float, env: dict[str, str] | None =
                           capture_output=True, text=True, timeout=timeout, env={**os.environ, **(env or {})})
 
 
-async def one_stream(http: httpx.AsyncClient, url: str, key: str, prompt: str, max_tokens: int) -> dict[str, Any]:
-    body = {"model": "small", "max_tokens": max_tokens, "temperature": 0, "stream": True,
-            "messages": [{"role": "user", "content": prompt}]}
-    t0 = time.perf_counter()
-    sent_wall_ms = time.time() * 1000
-    first_wall_ms = None
-    arrivals: list[float] = []
-    ext: dict[str, Any] = {}
-    async with http.stream("POST", url, json=body, headers={"Authorization": f"Bearer {key}"}) as r:
-        r.raise_for_status()
-        async for line in r.aiter_lines():
-            if not line.startswith("data: ") or line == "data: [DONE]":
-                continue
-            chunk = json.loads(line[6:])
-            choice = (chunk.get("choices") or [{}])[0]
-            if (choice.get("delta") or {}).get("content"):
-                arrivals.append(time.perf_counter())
-                first_wall_ms = first_wall_ms or time.time() * 1000
-            if chunk.get("llmpipe"):
-                ext = chunk["llmpipe"]
+def _result(t0: float, sent_wall_ms: float, arrivals: list[float], first_wall_ms: float | None,
+            ext: dict[str, Any]) -> dict[str, Any]:
     timings = ext.get("timings", {})
     engine = ext.get("engine", {})
     pre = sum(t["queue_ms"] + t["service_ms"] for st, t in timings.items() if st in PRE_ENGINE)
@@ -84,6 +73,73 @@ async def one_stream(http: httpx.AsyncClient, url: str, key: str, prompt: str, m
             "pre_engine_ms": pre, "gaps_ms": [(b - a) * 1000 for a, b in zip(arrivals, arrivals[1:])],
             "chunks": len(arrivals), "request_id": ext.get("request_id"), "sent_wall_ms": sent_wall_ms,
             "first_wall_ms": first_wall_ms}
+
+
+def _body(prompt: str, max_tokens: int) -> dict[str, Any]:
+    return {"model": "small", "max_tokens": max_tokens, "temperature": 0, "stream": True,
+            "messages": [{"role": "user", "content": prompt}]}
+
+
+class _Chunks:
+    """SSE `data:` lines → text-chunk arrival times and the finishing chunk's `llmpipe` extension."""
+
+    def __init__(self) -> None:
+        self.arrivals: list[float] = []
+        self.first_wall_ms: float | None = None
+        self.ext: dict[str, Any] = {}
+
+    def line(self, line: str, at: float) -> None:
+        if not line.startswith("data: ") or line == "data: [DONE]":
+            return
+        chunk = json.loads(line[6:])
+        choice = (chunk.get("choices") or [{}])[0]
+        if (choice.get("delta") or {}).get("content"):
+            self.arrivals.append(at)
+            self.first_wall_ms = self.first_wall_ms or time.time() * 1000
+        if chunk.get("llmpipe"):
+            self.ext = chunk["llmpipe"]
+
+
+async def one_stream(http: httpx.AsyncClient, url: str, key: str, prompt: str, max_tokens: int) -> dict[str, Any]:
+    """The httpx caller."""
+    t0 = time.perf_counter()
+    sent_wall_ms = time.time() * 1000
+    seen = _Chunks()
+    headers = {"Authorization": f"Bearer {key}"}
+    async with http.stream("POST", url, json=_body(prompt, max_tokens), headers=headers) as r:
+        r.raise_for_status()
+        async for line in r.aiter_lines():
+            seen.line(line, time.perf_counter())
+    return _result(t0, sent_wall_ms, seen.arrivals, seen.first_wall_ms, seen.ext)
+
+
+async def raw_stream(url: str, key: str, prompt: str, max_tokens: int) -> dict[str, Any]:
+    """The minimal caller: one HTTP/1.1 request on a fresh asyncio connection (`Connection: close`),
+    the body read as it comes (the door sends one write per event, so no chunked framing is needed
+    to find the `data:` lines)."""
+    u = urlparse(url)
+    body = json.dumps(_body(prompt, max_tokens)).encode()
+    head = (f"POST {u.path} HTTP/1.1\r\nHost: {u.netloc}\r\nAuthorization: Bearer {key}\r\n"
+            f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\nConnection: close\r\n\r\n")
+    t0 = time.perf_counter()
+    sent_wall_ms = time.time() * 1000
+    reader, writer = await asyncio.open_connection(u.hostname, u.port)
+    seen = _Chunks()
+    try:
+        writer.write(head.encode() + body)
+        status = (await reader.readline()).decode()
+        if " 200 " not in status:
+            raise RuntimeError(f"the door answered {status.strip()!r}")
+        buf = b""
+        while data := await reader.read(65536):
+            at = time.perf_counter()
+            buf += data
+            *lines, buf = buf.split(b"\n")
+            for line in lines:
+                seen.line(line.decode().strip(), at)
+    finally:
+        writer.close()
+    return _result(t0, sent_wall_ms, seen.arrivals, seen.first_wall_ms, seen.ext)
 
 
 async def first_delta_ms(bootstrap: str, topic: str) -> dict[str, int]:
@@ -111,14 +167,27 @@ async def first_delta_ms(bootstrap: str, topic: str) -> dict[str, int]:
     return out
 
 
-async def run_rounds(url: str, key: str, rounds: int, concurrency: int, max_tokens: int) -> list[dict[str, Any]]:
-    out = []
+CALLERS = ("raw", "httpx")
+
+
+async def run_rounds(url: str, key: str, rounds: int, concurrency: int,
+                     max_tokens: int) -> dict[str, list[dict[str, Any]]]:
+    """`rounds` rounds per caller, alternating which caller goes first."""
+    out: dict[str, list[dict[str, Any]]] = {c: [] for c in CALLERS}
     async with httpx.AsyncClient(timeout=300) as http:
         await one_stream(http, url, key, "Say hello.", 4)  # warm: the door's first request loads its client
+        await raw_stream(url, key, "Say hello.", 4)
         for r in range(rounds):
-            prompts = [f"Count from {r * 100 + i} to {r * 100 + i + 60}, separated by commas." for i in range(concurrency)]
-            out += await asyncio.gather(*(one_stream(http, url, key, p, max_tokens) for p in prompts))
-            log.print(f"round {r + 1}/{rounds}: {sum(x['chunks'] for x in out[-concurrency:])} chunks")
+            for caller in CALLERS if r % 2 == 0 else CALLERS[::-1]:
+                base = (2 * r + (caller == "httpx")) * 100
+                prompts = [f"Count from {base + i} to {base + i + 60}, separated by commas."
+                           for i in range(concurrency)]
+                if caller == "raw":
+                    rows = await asyncio.gather(*(raw_stream(url, key, p, max_tokens) for p in prompts))
+                else:
+                    rows = await asyncio.gather(*(one_stream(http, url, key, p, max_tokens) for p in prompts))
+                out[caller] += rows
+                log.print(f"round {r + 1}/{rounds} ({caller}): {sum(x['chunks'] for x in rows)} chunks")
     return out
 
 
@@ -178,26 +247,31 @@ def main(rounds: int = typer.Option(4, help="rounds of concurrent streams"),
         try:
             if pin:
                 pinned = pin_split([int(p) for p in json.loads((data_dir / "stack.json").read_text())["pids"].values()])
-            rows = asyncio.run(run_rounds(info["http_url"] + "/v1/chat/completions", key, rounds, concurrency,
-                                          max_tokens))
+            by_caller = asyncio.run(run_rounds(info["http_url"] + "/v1/chat/completions", key, rounds, concurrency,
+                                               max_tokens))
             firsts = asyncio.run(first_delta_ms(info["bootstrap"], info["topic_prefix"] + "deltas"))
-            for x in rows:
-                x["first_delta_ms"] = firsts.get(x["request_id"])
+            for rows in by_caller.values():
+                for x in rows:
+                    x["first_delta_ms"] = firsts.get(x["request_id"])
         finally:
             cli("down", data_dir=data_dir, timeout=300)
+    summaries = {caller: summarise(rows) for caller, rows in by_caller.items()}
+    judged = summaries["raw"]
     result = {"bench": "stream", "rounds": rounds, "concurrency": concurrency, "max_tokens": max_tokens,
-              "cpus": os.cpu_count(), "pinned": pinned, **summarise(rows)}
-    table = Table(title=f"{concurrency} concurrent streams × {rounds} rounds, {max_tokens} tokens")
-    for col in ("", "p50 ms", "p95 ms"):
-        table.add_column(col)
+              "cpus": os.cpu_count(), "pinned": pinned, "judged_on": "raw", "by_caller": summaries,
+              "overhead_met": judged["overhead_met"], "gaps_met": judged["gaps_met"]}
+    table = Table(title=f"{concurrency} concurrent streams × {rounds} rounds per caller, {max_tokens} tokens")
+    table.add_column("")
+    for caller in summaries:
+        table.add_column(f"{caller} p50 ms")
+        table.add_column(f"{caller} p95 ms")
     for name in ("caller_ttft_ms", "engine_ttft_ms", "pre_engine_ms", "stream_overhead_ms",
                  "overhead_before_first_delta_ms", "first_delta_delivery_ms", "inter_chunk_ms", "engine_tpot_ms"):
-        table.add_row(name, str(result[name]["p50"]), str(result[name]["p95"]))
+        table.add_row(name, *(str(sm[name][q]) for sm in summaries.values() for q in ("p50", "p95")))
     console.print(table)
-    console.print(f"overhead p50 ≤ {OVERHEAD_TARGET_MS} ms: {result['overhead_met']}; inter-chunk p50 ≤ "
-                  f"{result['inter_chunk_ms']['limit_p50']} ms: {result['gaps_met']}")
+    console.print(f"judged on the raw caller: overhead p50 ≤ {OVERHEAD_TARGET_MS} ms: {judged['overhead_met']}; "
+                  f"inter-chunk p50 ≤ {judged['inter_chunk_ms']['limit_p50']} ms: {judged['gaps_met']}")
     print(json.dumps(result))
-
 
 if __name__ == "__main__":
     typer.run(main)

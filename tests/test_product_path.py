@@ -85,7 +85,7 @@ def mixed_traffic(n: int = 96) -> list[dict]:
     return lines
 
 
-MIXED_N = 96  # 12 of each of the 8 kinds (was 200: the same checks, at twice the suite time)
+MIXED_N = 96  # 12 of each of the 8 kinds
 
 
 def load_all_kinds_and_check_every_answer_and_row(tmp_path) -> None:

@@ -1,7 +1,7 @@
 """Rollout throughput: n samples per prompt straight from the vLLM engine vs as `rollout` requests
 through the whole pipeline (generated tokens/s, sample completion rate), at n = 4 and 8.
 
-    .venv/bin/python bench/rollout_bench.py --pin             # 8 prompts, n = 4 and 8, 48 tokens, 3 pairs (~15 min)
+    .venv/bin/python bench/rollout_bench.py --pin             # 8 prompts, n = 4 and 8, 48 tokens, 3 pairs (~12 min)
     .venv/bin/python bench/rollout_bench.py --pin --n 4 --prompts 4 --max-tokens 32 --repeat 1   # a quick look
 
 (a) engine: a VllmEngine in this process (the stack's engine settings); every sample of every prompt

@@ -123,9 +123,10 @@ def _children(p) -> list:
         return []
 
 
-def pin_split(root_pids: list[int]) -> dict:
+def pin_split(root_pids: list[int], engine_pids: list[int] | None = None) -> dict:
     """Pin vLLM's engine (found under `root_pids`: each engine-core process and its model worker) to
     ENGINE_CPU and every other process of the trees, this one included, to the remaining cores.
+    `engine_pids` names the engine instead (a mock upstream standing in for it).
     Raises if there is no engine core to pin or only one core. Returns what was pinned, for the bench's JSON."""
     import psutil
 
@@ -134,14 +135,14 @@ def pin_split(root_pids: list[int]) -> dict:
     if not rest:
         raise RuntimeError("--pin needs at least two cores")
     procs: dict[int, psutil.Process] = {}
-    for pid in {*root_pids, os.getpid()}:
+    for pid in {*root_pids, *(engine_pids or []), os.getpid()}:
         try:
             root = psutil.Process(pid)
             for p in (root, *root.children(recursive=True)):
                 procs[p.pid] = p
         except psutil.Error:
             pass
-    heads = [p for p in procs.values() if _is_engine_core(p)]
+    heads = [p for p in procs.values() if (p.pid in engine_pids if engine_pids else _is_engine_core(p))]
     if not heads:
         raise RuntimeError(f"--pin: no process named {ENGINE_CORE_MARK} under {sorted(root_pids)}")
     # vLLM on CPU runs the model in a worker process under the engine core (the mp executor is

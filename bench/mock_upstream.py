@@ -7,7 +7,9 @@ Plain asyncio HTTP/1.1 with keep-alive and no framework, so the mock itself cost
 possible; it runs in its own process and its CPU is reported apart from the systems under test.
 It answers `POST /v1/chat/completions` (and `/chat/completions`), `GET /v1/models`, `GET /health`.
 The answer is a fixed short text split into `--tokens` chunks; with `stream: true` each chunk is
-one SSE event, then a usage event (when `stream_options.include_usage`), then `[DONE]`.
+one SSE event, then a usage event (when `stream_options.include_usage`), then `[DONE]`. With
+`--ttft-ms`/`--itl-ms` a stream is paced like an engine (chunked transfer, the first token after
+ttft, one token per itl): the stream bench's run without the model (bench/stream_bench.py --mock).
 """
 
 from __future__ import annotations
@@ -30,7 +32,7 @@ def _completion(body: dict, n_tokens: int) -> bytes:
         "usage": {"prompt_tokens": 8, "completion_tokens": n_tokens, "total_tokens": 8 + n_tokens}})
 
 
-def _sse(body: dict, n_tokens: int) -> bytes:
+def _sse_events(body: dict, n_tokens: int) -> list[bytes]:
     model, created = body.get("model", "mock"), int(time.time())
     out = []
     for i in range(n_tokens):
@@ -41,7 +43,11 @@ def _sse(body: dict, n_tokens: int) -> bytes:
         out.append({"id": "chatcmpl-mock", "object": "chat.completion.chunk", "created": created, "model": model,
                     "choices": [], "usage": {"prompt_tokens": 8, "completion_tokens": n_tokens,
                                              "total_tokens": 8 + n_tokens}})
-    return b"".join(b"data: " + orjson.dumps(e) + b"\n\n" for e in out) + b"data: [DONE]\n\n"
+    return [b"data: " + orjson.dumps(e) + b"\n\n" for e in out] + [b"data: [DONE]\n\n"]
+
+
+def _sse(body: dict, n_tokens: int) -> bytes:
+    return b"".join(_sse_events(body, n_tokens))
 
 
 def _response(status: str, ctype: bytes, payload: bytes) -> bytes:
@@ -50,8 +56,9 @@ def _response(status: str, ctype: bytes, payload: bytes) -> bytes:
 
 
 class MockUpstream:
-    def __init__(self, n_tokens: int = 8, delay_ms: float = 0.0) -> None:
+    def __init__(self, n_tokens: int = 8, delay_ms: float = 0.0, ttft_ms: float = 0.0, itl_ms: float = 0.0) -> None:
         self.n_tokens, self.delay_s = n_tokens, delay_ms / 1000
+        self.ttft_s, self.itl_s = ttft_ms / 1000, itl_ms / 1000
         self.served = 0
 
     async def handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
@@ -65,12 +72,31 @@ class MockUpstream:
                     if line[:15].lower() == "content-length:":
                         length = int(line[15:].strip())
                 raw = await reader.readexactly(length) if length else b""
+                if (self.ttft_s or self.itl_s) and method == "POST" and (events := _paced(raw)) is not None:
+                    await self.paced(writer, events)
+                    continue
                 writer.write(await self.answer(method, path.split("?")[0], raw))
                 await writer.drain()
         except (asyncio.IncompleteReadError, ConnectionError, asyncio.LimitOverrunError):
             pass
         finally:
             writer.close()
+
+    async def paced(self, writer: asyncio.StreamWriter, body: dict) -> None:
+        """A stream as an engine makes it: one chunk of the chunked transfer per event, the first
+        token after ttft, the others one itl apart (usage and [DONE] right after the last)."""
+        self.served += 1
+        n = max(1, min(self.n_tokens, int(body.get("max_tokens") or body.get("max_completion_tokens") or self.n_tokens)))
+        writer.write(b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n"
+                     b"connection: keep-alive\r\n\r\n")
+        await asyncio.sleep(self.ttft_s)
+        for i, event in enumerate(_sse_events(body, n)):
+            if 0 < i < n:
+                await asyncio.sleep(self.itl_s)
+            writer.write(b"%x\r\n%s\r\n" % (len(event), event))
+            await writer.drain()
+        writer.write(b"0\r\n\r\n")
+        await writer.drain()
 
     async def answer(self, method: str, path: str, raw: bytes) -> bytes:
         if method == "GET" and path in ("/health", "/v1/models", "/models"):
@@ -92,8 +118,17 @@ class MockUpstream:
         return _response("200 OK", b"application/json", _completion(body, n))
 
 
-async def serve(port: int, n_tokens: int, delay_ms: float) -> None:
-    mock = MockUpstream(n_tokens, delay_ms)
+def _paced(raw: bytes) -> dict | None:
+    """The body of a streamed chat completion, else None (answered at once as before)."""
+    try:
+        body = orjson.loads(raw)
+    except orjson.JSONDecodeError:
+        return None
+    return body if isinstance(body, dict) and body.get("stream") else None
+
+
+async def serve(port: int, n_tokens: int, delay_ms: float, ttft_ms: float = 0.0, itl_ms: float = 0.0) -> None:
+    mock = MockUpstream(n_tokens, delay_ms, ttft_ms, itl_ms)
     server = await asyncio.start_server(mock.handle, "127.0.0.1", port, backlog=1024)
     async with server:
         await server.serve_forever()
@@ -104,8 +139,10 @@ def main() -> None:
     ap.add_argument("--port", type=int, required=True)
     ap.add_argument("--tokens", type=int, default=8, help="completion tokens per answer (capped by max_tokens)")
     ap.add_argument("--delay-ms", type=float, default=0.0, help="time to answer (0: instant)")
+    ap.add_argument("--ttft-ms", type=float, default=0.0, help="a stream's first token after this (paced streams)")
+    ap.add_argument("--itl-ms", type=float, default=0.0, help="a stream's later tokens this far apart (paced streams)")
     a = ap.parse_args()
-    asyncio.run(serve(a.port, a.tokens, a.delay_ms))
+    asyncio.run(serve(a.port, a.tokens, a.delay_ms, a.ttft_ms, a.itl_ms))
 
 
 if __name__ == "__main__":

@@ -58,7 +58,8 @@ from bench._common import CpuWindow, cpu_by_owner, pct, print_result, proc_ticks
 LITELLM = "litellm[proxy]==1.106.12"  # 1.107.0 was a compromised release: never move to it
 LITELLM_VENV = ROOT / ".bench" / "litellm"
 TOPOLOGIES = {"gateway": ["generate", "postprocess"],
-              "product": ["mask", "cache", "route", "admit", "generate", "postprocess"]}
+              "product": ["mask", "cache", "route", "admit", "generate", "postprocess"],
+              "full": ["mask", "cache", "route", "admit", "media", "vision", "generate", "postprocess"]}
 console = Console(width=None if sys.stdout.isatty() else 140)
 log = Console(stderr=True)
 

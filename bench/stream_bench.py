@@ -2,6 +2,11 @@
 
     .venv/bin/python bench/stream_bench.py --pin        # 8 concurrent streams, 4 rounds per client, 64 tokens (~8 min)
     .venv/bin/python bench/stream_bench.py --rounds 1   # a quick look
+    .venv/bin/python bench/stream_bench.py --pin --mock # the same without the model: a paced mock upstream
+
+`--mock` puts an `engine: openai` deployment on bench/mock_upstream.py, paced like an engine
+(`--mock-ttft-ms`, `--mock-itl-ms`), in place of vLLM (with `--pin`, the mock alone on core 0): the
+pipeline's own stream overhead, with no model competing for the host's CPU.
 
 Each round sends 8 streamed chat completions at once (distinct prompts: every one a cache miss)
 and stamps every SSE chunk as it is read, by two callers in alternating rounds on one stack:
@@ -48,7 +53,7 @@ import yaml  # noqa: E402
 from rich.console import Console  # noqa: E402
 from rich.table import Table  # noqa: E402
 
-from bench._common import PIN_ENV, pct, pin_split  # noqa: E402
+from bench._common import PIN_ENV, cpu_by_owner, pct, pin_split, proc_ticks  # noqa: E402
 
 OVERHEAD_TARGET_MS = 30.0
 WINDOW_MS = 25.0
@@ -159,8 +164,11 @@ async def first_delta_ms(bootstrap: str, topic: str) -> dict[str, int]:
             quiet = 0 if got else quiet + 1
             for recs in got.values():
                 for r in recs:
-                    d = json.loads(r.value)
-                    if d["text"]:
+                    try:
+                        d = json.loads(r.value)
+                    except ValueError:  # not a delta: nothing of this bench's
+                        continue
+                    if d.get("text"):
                         out[d["request_id"]] = min(out.get(d["request_id"], d["at_ms"]), d["at_ms"])
     finally:
         await c.stop()
@@ -223,19 +231,43 @@ def summarise(rows: list[dict[str, Any]]) -> dict[str, Any]:
     }
 
 
+def stack_config(key: str, upstream: str | None) -> dict[str, Any]:
+    """The default topology; with `upstream`, every route on one `engine: openai` deployment there
+    (the peer bench's config, every stage)."""
+    from bench.peer_bench import llmpipe_config
+    from pipeline.registries.tenants import key_hash
+
+    tenants = [{"name": "bench", "limits": {"concurrency": 64, "rpm": 100_000},
+                "api_keys": [{"key_sha256": key_hash(key)}]}]
+    if upstream is None:
+        return {"tenants": tenants}
+    return {**llmpipe_config("full", upstream, key), "tenants": tenants}
+
+
 def main(rounds: int = typer.Option(4, help="rounds of concurrent streams"),
          concurrency: int = typer.Option(8, help="streams at once"),
          max_tokens: int = typer.Option(64, help="tokens per answer"),
          pin: bool = typer.Option(False, "--pin", help="vLLM's engine core alone on core 0, every other process "
-                                                      "(stages, door, broker, this client) on the others")) -> None:
-    from pipeline.registries.tenants import key_hash, new_api_key
+                                                      "(stages, door, broker, this client) on the others"),
+         mock: bool = typer.Option(False, "--mock", help="a paced mock upstream instead of the model"),
+         mock_ttft_ms: float = typer.Option(150.0, help="--mock: the mock's time to first token"),
+         mock_itl_ms: float = typer.Option(20.0, help="--mock: the mock's time between tokens")) -> None:
+    from bench.peer_bench import free_port, wait_http
+    from pipeline.registries.tenants import new_api_key
 
     key = new_api_key()
     with tempfile.TemporaryDirectory(prefix="stream-bench-") as tmp:
         data_dir = Path(tmp)
+        upstream = None
+        if mock:
+            port = free_port()
+            mock_proc = subprocess.Popen([sys.executable, str(ROOT / "bench" / "mock_upstream.py"), "--port", str(port),
+                                          "--tokens", str(max_tokens), "--ttft-ms", str(mock_ttft_ms),
+                                          "--itl-ms", str(mock_itl_ms)])
+            asyncio.run(wait_http(f"http://127.0.0.1:{port}/health", 30, mock_proc))
+            upstream = f"http://127.0.0.1:{port}/v1"
         cfg = data_dir / "llmpipe.yaml"
-        cfg.write_text(yaml.safe_dump({"tenants": [{"name": "bench", "limits": {"concurrency": 64, "rpm": 100_000},
-                                                    "api_keys": [{"key_sha256": key_hash(key)}]}]}))
+        cfg.write_text(yaml.safe_dump(stack_config(key, upstream)))
         t0 = time.monotonic()
         up = cli("up", "--detach", "--processes", "--config", str(cfg), "--json", data_dir=data_dir, timeout=900,
                  env=PIN_ENV if pin else None)
@@ -246,19 +278,34 @@ def main(rounds: int = typer.Option(4, help="rounds of concurrent streams"),
         pinned = None
         try:
             if pin:
-                pinned = pin_split([int(p) for p in json.loads((data_dir / "stack.json").read_text())["pids"].values()])
+                pinned = pin_split([int(p) for p in json.loads((data_dir / "stack.json").read_text())["pids"].values()],
+                                   [mock_proc.pid] if mock else None)
+            owners = {int(p): name.split(":")[-1] for name, p in
+                      json.loads((data_dir / "stack.json").read_text())["pids"].items()}
+            owners |= {p: "engine" for p in (pinned or {}).get("engine_pids", [])} | {os.getpid(): "bench callers"}
+            if mock:
+                owners[mock_proc.pid] = "engine"
+            ticks = proc_ticks()
             by_caller = asyncio.run(run_rounds(info["http_url"] + "/v1/chat/completions", key, rounds, concurrency,
                                                max_tokens))
+            cpu_s = cpu_by_owner(ticks, proc_ticks(), owners)
             firsts = asyncio.run(first_delta_ms(info["bootstrap"], info["topic_prefix"] + "deltas"))
             for rows in by_caller.values():
                 for x in rows:
                     x["first_delta_ms"] = firsts.get(x["request_id"])
         finally:
             cli("down", data_dir=data_dir, timeout=300)
+            if mock:
+                mock_proc.terminate()
+                mock_proc.wait(10)
     summaries = {caller: summarise(rows) for caller, rows in by_caller.items()}
     judged = summaries["raw"]
-    result = {"bench": "stream", "rounds": rounds, "concurrency": concurrency, "max_tokens": max_tokens,
-              "cpus": os.cpu_count(), "pinned": pinned, "judged_on": "raw", "by_caller": summaries,
+    result = {"bench": "stream", "engine": f"mock (ttft {mock_ttft_ms:g} ms, itl {mock_itl_ms:g} ms)" if mock else "vllm",
+              "rounds": rounds, "concurrency": concurrency, "max_tokens": max_tokens,
+              "cpus": os.cpu_count(), "pinned": pinned, "judged_on": "raw",
+              # where the CPU went while the streams ran: per process, and per streamed request
+              "cpu_s": cpu_s, "cpu_ms_per_stream": {k: round(1000 * v / max(1, sum(len(r) for r in by_caller.values())), 1)
+                                                    for k, v in cpu_s.items()}, "by_caller": summaries,
               "overhead_met": judged["overhead_met"], "gaps_met": judged["gaps_met"]}
     table = Table(title=f"{concurrency} concurrent streams × {rounds} rounds per caller, {max_tokens} tokens")
     table.add_column("")
@@ -269,6 +316,7 @@ def main(rounds: int = typer.Option(4, help="rounds of concurrent streams"),
                  "overhead_before_first_delta_ms", "first_delta_delivery_ms", "inter_chunk_ms", "engine_tpot_ms"):
         table.add_row(name, *(str(sm[name][q]) for sm in summaries.values() for q in ("p50", "p95")))
     console.print(table)
+    console.print("CPU ms per streamed request: " + ", ".join(f"{k} {v}" for k, v in result["cpu_ms_per_stream"].items()))
     console.print(f"judged on the raw caller: overhead p50 ≤ {OVERHEAD_TARGET_MS} ms: {judged['overhead_met']}; "
                   f"inter-chunk p50 ≤ {judged['inter_chunk_ms']['limit_p50']} ms: {judged['gaps_met']}")
     print(json.dumps(result))

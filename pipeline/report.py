@@ -55,6 +55,9 @@ SECTIONS = [
             "generations that needed more than one engine attempt, the latency that added, the prompt tokens "
             "sent again"),
     Section("models", "Requested vs executed model", "the model a caller asked for and the model that ran it"),
+    Section("stack_events", "Stack events",
+            "the embedded broker restarted (requests in flight then got no pipeline answer: their callers got "
+            "503 or 504 from the door) or a worker process was restarted, with its exit code; newest first"),
     Section("rl_operations", "RL operations",
             "rollout samples and generated tokens/s, sample completion rate, and what trainers consumed: queue "
             "age p50/p95 (ms), trainer idle share, stale samples dropped or flagged"),

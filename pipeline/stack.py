@@ -10,7 +10,6 @@ ready, and on SIGTERM stops them in reverse order and removes the file.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import logging
 import os
@@ -26,33 +25,30 @@ from pathlib import Path
 
 import httpx
 
-from pipeline.config.settings import CONFIG_ENV, Settings
+from pipeline.config.settings import Settings
 from pipeline.dev_key import ensure_dev_tenant
 from pipeline.ingress.http import FrontDoor, HttpServer
 from pipeline.runtime.broker import EmbeddedBroker, free_port
+from pipeline.runtime.broker_epoch import EPOCH_FILE
+from pipeline.runtime.broker_keeper import BrokerKeeper, BrokerRestart
 from pipeline.runtime.doorbell import default_dir as default_doorbell_dir
 from pipeline.runtime.launch import FEEDBACK_HOST, feedback_worker, sink_worker, stage_worker, start_all
 from pipeline.runtime.metrics import serve_metrics
 from pipeline.runtime.service import serve
-from pipeline.runtime.topics import apply_topics
+from pipeline.runtime.stack_events import publish_stack_event, stack_event
+from pipeline.runtime.topics import apply_topics, repair_topics
 from pipeline.runtime.topology import Topology
+from pipeline.stack_children import READY_TIMEOUT_S, STABLE_S, ChildWorkers, Restarts, StackError
 from pipeline.stores.owners import Owners
 from pipeline.stores.sql_gateway import AdminServer, admin_token_for, warehouse_query
 from pipeline.stores.warehouse import open_warehouse
-from pipeline.stores.warehouse_sink import SINK_STAGE
 
 log = logging.getLogger(__name__)
 
 STACK_FILE = "stack.json"
+HEALTH_FILE = "run/health.json"  # the supervisor's view, rewritten every second (`llmpipe status`)
 
 
-# Ten processes (model preparation, vLLM, three embedders, Presidio, chDB) start together on the
-# 2-core reference host: the HTTP-door topology measured 165-200 s to ready, so 180 s was a coin flip.
-READY_TIMEOUT_S = 300.0
-
-
-class StackError(RuntimeError):
-    pass
 
 
 @dataclass
@@ -103,112 +99,6 @@ def running_stack(data_dir: Path) -> StackInfo | None:
     return info
 
 
-def _kill_group(pgid: int) -> None:
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(pgid, signal.SIGKILL)
-
-
-class _ChildWorkers:
-    """--processes: one `llmpipe worker` child per stage group, restarted when one dies."""
-
-    def __init__(self, settings: Settings, stages: list[str], bootstrap: str, admin_port: int) -> None:
-        self.settings = settings
-        self.stages = stages
-        self.bootstrap = bootstrap
-        self.admin_port = admin_port
-        self.procs: dict[str, subprocess.Popen[bytes]] = {}
-        self.logs = settings.resolved_data_dir() / "logs"
-
-    def _spawn(self, stage: str) -> subprocess.Popen[bytes]:
-        env = {**os.environ, "LLMPIPE_BOOTSTRAP": self.bootstrap,
-               "LLMPIPE_DATA_DIR": str(self.settings.resolved_data_dir()),
-               "LLMPIPE_TOPIC_PREFIX": self.settings.topic_prefix,
-               "LLMPIPE_ADMIN_PORT": str(self.admin_port)}  # the feedback worker asks the warehouse who owns what
-        if self.settings.doorbell_dir:
-            env["LLMPIPE_DOORBELL_DIR"] = str(self.settings.doorbell_dir)
-        if self.settings._config_file:  # the workers read the supervisor's config file
-            env[CONFIG_ENV] = self.settings._config_file
-        cmd = [sys.executable, "-m", "pipeline.cli", "worker", stage, "--ready-file", str(self.ready_file(stage))]
-        self.ready_file(stage).unlink(missing_ok=True)
-        if stage == SINK_STAGE:
-            cmd += ["--admin-port", str(self.admin_port)]
-        log_file = open(self.logs / f"worker-{stage}.log", "ab")
-        try:
-            # its own process group: when it dies, what it started (vLLM's engine core) goes with it
-            return subprocess.Popen(cmd, env=env, stdout=log_file, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                    start_new_session=True)
-        finally:
-            log_file.close()
-
-    def ready_file(self, stage: str) -> Path:
-        return self.settings.resolved_data_dir() / "run" / f"worker-{stage}.ready"
-
-    async def wait_ready(self, timeout_s: float) -> None:
-        """Every child consumes (models loaded, changelogs caught up) before the stack says ready."""
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            for stage, proc in self.procs.items():
-                if proc.poll() is not None:
-                    raise StackError(f"worker {stage} exited with {proc.returncode} at start; see "
-                                     f"{self.logs / f'worker-{stage}.log'}")
-            if all(self.ready_file(s).exists() for s in self.procs):
-                return
-            await asyncio.sleep(0.1)
-        raise StackError(f"workers not ready within {timeout_s:.0f}s: "
-                         f"{[s for s in self.procs if not self.ready_file(s).exists()]}")
-
-    async def start(self) -> "_ChildWorkers":
-        """Spawn the sink (with the admin endpoint) and every stage group; return when all consume."""
-        self.logs.mkdir(parents=True, exist_ok=True)
-        for stage in [SINK_STAGE, *self.stages]:
-            self.procs[stage] = self._spawn(stage)
-        await _wait_http(f"http://127.0.0.1:{self.admin_port}/health", 120)
-        await self.wait_ready(READY_TIMEOUT_S)
-        return self
-
-    async def supervise(self, stop: asyncio.Event) -> None:
-        while not stop.is_set():
-            for stage, proc in list(self.procs.items()):
-                if proc.poll() is not None:
-                    log.warning("worker %s exited with %s; restarting", stage, proc.returncode)
-                    _kill_group(proc.pid)  # a worker killed -9 leaves vLLM's engine core running, orphaned
-                    self.procs[stage] = self._spawn(stage)
-            try:
-                async with asyncio.timeout(1.0):
-                    await stop.wait()
-            except TimeoutError:
-                pass
-
-    async def stop(self) -> None:
-        """SIGTERM every child (they drain), SIGKILL what is left after the drain timeout."""
-        timeout_s = self.settings.runtime.drain_timeout_s + 10
-        for stage in reversed(list(self.procs)):
-            proc = self.procs[stage]
-            if proc.poll() is None:
-                proc.send_signal(signal.SIGTERM)
-        deadline = time.monotonic() + timeout_s
-        for proc in self.procs.values():
-            while proc.poll() is None and time.monotonic() < deadline:
-                await asyncio.sleep(0.05)
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait()
-            _kill_group(proc.pid)  # anything it left behind
-
-
-async def _wait_http(url: str, timeout_s: float) -> None:
-    deadline = time.monotonic() + timeout_s
-    async with httpx.AsyncClient() as client:
-        while time.monotonic() < deadline:
-            try:
-                if (await client.get(url, timeout=1.0)).status_code == 200:
-                    return
-            except httpx.HTTPError:
-                pass
-            await asyncio.sleep(0.1)
-    raise StackError(f"{url} did not become healthy within {timeout_s:.0f}s")
-
-
 async def run_stack(settings: Settings, processes: bool = False,
                     on_ready: Callable[[StackInfo], None] | None = None) -> None:
     """The supervisor.
@@ -235,6 +125,7 @@ async def run_stack(settings: Settings, processes: bool = False,
         parts.callback(_forget, data_dir)  # however it ends
         settings = _with_doorbell(settings, data_dir, parts)
         up = _Up(settings, Topology(settings), stop, on_ready)
+        broker = None
         if not settings.bootstrap:
             broker = await serve(parts, EmbeddedBroker(data_dir, settings.broker_port))
             up.bootstrap = broker.bootstrap
@@ -242,6 +133,9 @@ async def run_stack(settings: Settings, processes: bool = False,
                 up.pids["broker"] = broker.proc.pid
         await apply_topics(up.bootstrap, settings.topic_prefix, up.topology.topic_registry())
         up.dev_key_new = bool(await ensure_dev_tenant(settings, up.bootstrap))
+        if broker is not None:  # stopped before the broker (LIFO): a stopping stack restarts nothing
+            up.keeper = await serve(parts, BrokerKeeper(broker, lambda ev: _broker_restored(up, broker, ev),
+                                                        data_dir / EPOCH_FILE))
         for name in up.stages:
             up.topology.stage_class(name)  # fail fast on a bad topology, before anything runs
         admin_port = settings.admin_port or free_port()
@@ -250,6 +144,40 @@ async def run_stack(settings: Settings, processes: bool = False,
             await _run_children(up, parts, admin_port)
         else:
             await _run_in_loop(up, parts, admin_port, admin_token)
+
+
+async def _broker_restored(up: _Up, broker: EmbeddedBroker, ev: BrokerRestart) -> None:
+    """BrokerKeeper step 3: what the memory storage lost, then the event where operators look."""
+    s = up.settings
+    registry = up.topology.topic_registry()
+    await apply_topics(up.bootstrap, s.topic_prefix, registry)
+    repaired = await repair_topics(up.bootstrap, s.topic_prefix, registry)
+    lost = 0
+    if up.door is not None:
+        # acknowledged before now: by the old broker (gone), or by the new one before its topics existed
+        # (Tansu acks a produce to a topic it lacks, and creating the topic drops it: measured)
+        lost = up.door.client.lost_before(time.time(), "the event broker restarted and lost this request before "
+                                                       "it was answered; retry it (with an Idempotency-Key a retry "
+                                                       "never runs a request twice)")
+    if repaired:
+        log.warning("after the broker restart: %d topic(s) had been auto-created by a reconnecting client with "
+                    "the wrong partition count and were created again: %s", len(repaired), ", ".join(repaired))
+    await ensure_dev_tenant(s, up.bootstrap)
+    if broker.proc is not None:
+        up.pids["broker"] = broker.proc.pid
+        info = StackInfo.read(s.resolved_data_dir())
+        if info is not None:
+            info.pids["broker"] = broker.proc.pid
+            info.write(s.resolved_data_dir())
+    await publish_stack_event(s, up.bootstrap, stack_event(
+        "broker", "broker_restarted",
+        f"the embedded broker exited with {ev.exit_code} and was started again after {ev.down_s:.1f} s; its memory "
+        "storage lost every record in flight: requests in flight then got no pipeline answer (their callers got "
+        f"503 or 504 from the front door: {lost} waiting at this door were answered 503 broker_restarted at once), "
+        "and keys issued at run time since the start must be issued again",
+        scores={"down_s": round(ev.down_s, 2), "restart": float(ev.restart), "door_requests_lost": float(lost),
+                "topics_repaired": float(len(repaired))},
+        labels={"exit_code": str(ev.exit_code)}))
 
 
 @dataclass
@@ -263,6 +191,49 @@ class _Up:
     bootstrap: str = ""
     dev_key_new: bool = False
     pids: dict[str, int] = field(default_factory=lambda: {"supervisor": os.getpid()})
+    keeper: BrokerKeeper | None = None  # the embedded broker's, once the topics are applied
+    door: FrontDoor | None = None
+    workers: Callable[[], dict[str, dict]] | None = None  # --processes: each child's state
+    _tasks: set[asyncio.Task] = field(default_factory=set)
+
+    def event_soon(self, event) -> None:
+        """Publish a stack event without waiting (the broker may be the part that is down)."""
+        task = asyncio.get_running_loop().create_task(publish_stack_event(self.settings, self.bootstrap, event))
+        self._tasks.add(task)
+
+        def done(t: asyncio.Task) -> None:
+            self._tasks.discard(t)
+            if not t.cancelled() and t.exception() is not None:
+                log.warning("a stack event (%s) could not be published: %s", event.decision, t.exception())
+
+        task.add_done_callback(done)
+
+    def not_ready_because(self) -> str | None:
+        """The door's readiness, beyond its own view of the broker: not while the broker restarts."""
+        if self.keeper is not None and self.keeper.down_since is not None:
+            return "the embedded broker is restarting"
+        return None
+
+    def health(self) -> dict:
+        """What `llmpipe status` shows: the broker, each worker, the door's view of the broker."""
+        broker = self.keeper.state() if self.keeper is not None else {"state": "external", "bootstrap": self.bootstrap}
+        workers = self.workers() if self.workers is not None else \
+            {name: {"state": "running", "pid": os.getpid(), "in": "supervisor"} for name in self.stages}
+        return {"at": round(time.time(), 3), "broker": broker, "workers": workers,
+                "door": {"broker": self.door.broker.state()} if self.door is not None and self.door.broker else None}
+
+    async def write_health(self, stop: asyncio.Event) -> None:
+        path = self.settings.resolved_data_dir() / HEALTH_FILE
+        path.parent.mkdir(parents=True, exist_ok=True)
+        while not stop.is_set():
+            tmp = path.with_suffix(".tmp")
+            tmp.write_text(json.dumps(self.health(), indent=2))
+            tmp.replace(path)
+            try:
+                async with asyncio.timeout(1.0):
+                    await stop.wait()
+            except TimeoutError:
+                pass
 
     def __post_init__(self) -> None:
         self.bootstrap = self.bootstrap or self.settings.bootstrap or ""
@@ -277,6 +248,9 @@ class _Up:
                          self.pids, metrics_url, dev_key_new=self.dev_key_new,
                          doorbell_dir=str(s.doorbell_dir) if s.doorbell_dir else None)
         info.write(s.resolved_data_dir())
+        writer = asyncio.get_running_loop().create_task(self.write_health(self.stop), name="stack-health")
+        self._tasks.add(writer)
+        writer.add_done_callback(self._tasks.discard)
         if self.on_ready is not None:
             self.on_ready(info)
         log.info("stack ready: broker %s, admin %s, stages %s", self.bootstrap, admin_url, self.stages or "none")
@@ -295,21 +269,53 @@ def _with_doorbell(settings: Settings, data_dir: Path, parts: AsyncExitStack) ->
     return settings.model_copy(update={"doorbell_dir": bells})
 
 
+def read_health(data_dir: Path, http_url: str | None) -> dict:
+    """The supervisor's last health.json (stale after `stale_s`: said so) and the door's /readyz now."""
+    path = data_dir / HEALTH_FILE
+    try:
+        health = json.loads(path.read_text())
+    except (OSError, ValueError):
+        health = {"error": f"no readable {path}"}
+    if health.get("at") and time.time() - health["at"] > 5:
+        health["stale"] = f"written {time.time() - health['at']:.0f} s ago: is the supervisor stuck?"
+    if http_url:
+        try:
+            r = httpx.get(http_url.rstrip("/") + "/readyz", timeout=3)
+            health["ready"] = r.json()
+        except (httpx.HTTPError, ValueError) as exc:
+            health["ready"] = {"ready": False, "reason": f"the door did not answer /readyz: {type(exc).__name__}"}
+    return health
+
+
 def _forget(data_dir: Path) -> None:
     (data_dir / STACK_FILE).unlink(missing_ok=True)
+    (data_dir / HEALTH_FILE).unlink(missing_ok=True)
 
 
 async def _run_children(up: _Up, parts: AsyncExitStack, admin_port: int) -> None:
     s = up.settings
-    children = await serve(parts, _ChildWorkers(s, up.stages, up.bootstrap, admin_port))
+    children = await serve(parts, ChildWorkers(s, up.stages, up.bootstrap, admin_port))
     up.pids.update({f"worker:{name}": p.pid for name, p in children.procs.items()})
-    supervise = asyncio.create_task(children.supervise(up.stop))
+    up.workers = children.state
+
+    def restarted(stage: str, r: Restarts) -> None:
+        up.pids[f"worker:{stage}"] = children.procs[stage].pid
+        up.event_soon(stack_event(
+            "worker", "worker_restarted",
+            f"worker {stage} exited with {r.last_exit} and was started again (restart {r.count}; {r.in_a_row} "
+            f"death(s) in a row within {STABLE_S:.0f} s of their start)",
+            scores={"restarts": float(r.count), "deaths_in_a_row": float(r.in_a_row)},
+            labels={"worker": stage, "exit_code": str(r.last_exit)}))
+
+    supervise = asyncio.create_task(children.supervise(up.stop, restarted))
     # unwound before the children stop (LIFO): a supervisor still running would restart each child
     # as it exits and leave the new one behind when the door fails to open
     parts.push_async_callback(_cancel, supervise)
     admin_url = f"http://127.0.0.1:{admin_port}"
     http = await serve(parts, HttpServer(FrontDoor(s, up.bootstrap, door_owners(s, admin_url)), s.http.host,
                                          s.http.port))
+    up.door = http.door
+    up.door.not_ready_because = up.not_ready_because
     up.announce(admin_url, http.url)
     await up.stop.wait()
     await supervise
@@ -346,6 +352,8 @@ async def _run_in_loop(up: _Up, parts: AsyncExitStack, admin_port: int, admin_to
         await ready.wait()
         door.append(await HttpServer(FrontDoor(s, up.bootstrap, door_owners(s, admin.url)), s.http.host,
                                      s.http.port).start())
+        up.door = door[0].door
+        up.door.not_ready_because = up.not_ready_because
         up.announce(admin.url, door[0].url, metrics_url)
 
     async def close_door() -> None:  # before the stages drain: no new requests meanwhile

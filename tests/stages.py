@@ -160,3 +160,14 @@ class FakeGenerate(Stage):
                                 ttft_ms=1.0)
         doc = doc.model_copy(update={"generation": gen})
         return Outcome.forward(doc, self.evidence(doc, "generated", "fake"))
+
+
+class CrashWhileFlagged(FakeGenerate):
+    """FakeGenerate that exits with code 3 at start while the file `policy.flag` exists: a worker in a
+    crash loop, for the supervisor's restart backoff."""
+
+    async def start(self) -> None:
+        flag = self.ctx.policy.get("flag")
+        if flag and os.path.exists(flag):
+            os._exit(3)
+        await super().start()

@@ -11,6 +11,7 @@ from typing import Annotated, Optional
 
 import orjson
 import typer
+from rich.table import Table
 
 from pipeline.cli.app import app, topics_app
 from pipeline.cli.common import (
@@ -181,6 +182,7 @@ def worker(stage: Annotated[str, typer.Argument(help="stage name from the topolo
     """Run one stage group's worker against any broker (scale out by running more)."""
     # OpenCV reads its pixel cap once, at import: set it before any stage can import cv2
     os.environ.setdefault("OPENCV_IO_MAX_IMAGE_PIXELS", str(MAX_IMAGE_PIXELS))
+    from pipeline.runtime.broker_epoch import EPOCH_FILE, EpochWatch
     from pipeline.runtime.launch import FEEDBACK_HOST, feedback_worker, run_until_signalled, sink_worker, stage_worker
     from pipeline.runtime.metrics import serve_metrics
     from pipeline.runtime.topology import Topology
@@ -200,6 +202,14 @@ def worker(stage: Annotated[str, typer.Argument(help="stage name from the topolo
             ready_file.touch()
 
     async def run() -> None:
+        # a restarted embedded broker's logs start at 0: this process's own-position consumers follow
+        epoch = await EpochWatch(s.resolved_data_dir() / EPOCH_FILE).start()
+        try:
+            await serve_worker()
+        finally:
+            await epoch.stop()
+
+    async def serve_worker() -> None:
         if stage != SINK_STAGE:
             workers = [stage_worker(s, Topology(s), stage, bs)]
             if stage == FEEDBACK_HOST:
@@ -224,17 +234,32 @@ def worker(stage: Annotated[str, typer.Argument(help="stage name from the topolo
 @command
 def status(data_dir: DataDir = Path(".llmpipe"), config: ConfigFile = None, bootstrap: Bootstrap = None,
            json: Json = False) -> None:
-    """Show the running stack (stack.json), if any."""
-    from pipeline.stack import running_stack
+    """Show the running stack: what stack.json records, and the supervisor's live view (run/health.json:
+    the broker, each worker with its restarts and last exit code, the door's readiness)."""
+    from pipeline.stack import read_health, running_stack
 
     s = _settings(data_dir, config, bootstrap)
     info = running_stack(s.resolved_data_dir())
     if info is None:
         raise CliError(f"no stack is running for {s.resolved_data_dir()}")
+    doc = {**info.__dict__, "health": read_health(s.resolved_data_dir(), info.http_url)}
     if json:
-        _print_json(info.__dict__)
-    else:
-        out.print_json(orjson.dumps(info.__dict__).decode())
+        _print_json(doc)
+        return
+    out.print_json(orjson.dumps({k: v for k, v in doc.items() if k != "health"}).decode())
+    health = doc["health"]
+    table = Table(title="stack health")
+    for col in ("part", "state", "pid", "restarts", "last exit"):
+        table.add_column(col)
+    broker = health.get("broker") or {}
+    table.add_row("broker", str(broker.get("state", "?")), str(info.pids.get("broker", "")),
+                  str(broker.get("restarts", "")), str(broker.get("last_exit_code", "") or ""))
+    for name, w in (health.get("workers") or {}).items():
+        table.add_row(f"worker {name}", str(w.get("state")), str(w.get("pid")), str(w.get("restarts", 0)),
+                      "" if w.get("last_exit_code") is None else str(w["last_exit_code"]))
+    ready = health.get("ready") or {}
+    table.add_row("front door", "ready" if ready.get("ready") else f"not ready: {ready.get('reason', '?')}", "", "", "")
+    out.print(table)
 
 
 

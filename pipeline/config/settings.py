@@ -205,6 +205,9 @@ class HttpSettings(BaseModel):
                                                               "well below producer.max_request_size, since every "
                                                               "stage makes the request document bigger")
     reply_partition: int | None = Field(None, ge=0, description="this front door's reply partition (None: random)")
+    publish_timeout_s: float = Field(5.0, gt=0, description="a request the broker has not acknowledged by then is "
+                                                            "answered 503 broker_unavailable (and later ones at "
+                                                            "once, until the broker answers again)")
     tokenizer: bool = Field(True, description="load the served model's tokenizer to spell logprob tokens "
                                               "(false: tokens are shown as ids)")
 

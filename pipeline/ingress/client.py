@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import random
+import time
 import uuid
 from collections import OrderedDict
 from collections.abc import AsyncIterator
@@ -24,13 +25,15 @@ from pathlib import Path
 from typing import Any
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
+from aiokafka.errors import KafkaError
 
 from pipeline.config.settings import KafkaSecurity, kafka_kwargs
-from pipeline.contracts import Cancel, Delta, Feedback, ReplyTo, RequestDoc, Response
+from pipeline.contracts import Cancel, Delta, Feedback, ReplyTo, RequestDoc, Response, Status
 from pipeline.contracts.base import now_ms
 from pipeline.contracts.request import ChatBody, ChatMessage
 from pipeline.ingress.stream_follow import Ended, Piece, StreamFollower
 from pipeline.runtime.bellpoll import BellPoller
+from pipeline.runtime.broker_epoch import rewind_on_restart
 from pipeline.runtime.codec import decode, encode, request_headers
 from pipeline.runtime.doorbell import Bell, producer_class
 from pipeline.runtime.errors import DecodeError
@@ -43,7 +46,14 @@ class ClientTimeout(TimeoutError):
     pass
 
 
+class PublishError(ConnectionError):
+    """The broker did not acknowledge a request within the client's `publish_timeout_s` (or refused
+    it). The request may still reach the broker later, when it comes back: an `idempotency_key`
+    makes the caller's retry safe."""
+
+
 DOZE_MAX_MS = 200
+PUBLISH_TRIES = 3
 
 
 class Client:
@@ -56,6 +66,7 @@ class Client:
         entry_topic: str = "requests",
         default_timeout_s: float = 60.0,
         security: KafkaSecurity | None = None,
+        publish_timeout_s: float | None = None,
         doorbell_dir: Path | None = None,
     ) -> None:
         self.bootstrap = bootstrap
@@ -66,9 +77,11 @@ class Client:
         self.entry_topic = self.names(entry_topic)
         self.reply_partition = reply_partition
         self.default_timeout_s = default_timeout_s
+        self.publish_timeout_s = publish_timeout_s  # None: the producer's own request timeout
         self.producer: AIOKafkaProducer | None = None
         self.consumer: AIOKafkaConsumer | None = None
         self._pending: dict[str, asyncio.Future[Response]] = {}
+        self._acked_at: dict[str, float] = {}  # request_id -> when the broker acknowledged it (wall s), while pending
         # request_ids already answered, oldest first; bounded so a long-lived client stays small
         self._answered: OrderedDict[str, None] = OrderedDict()
         self.remember_answered = 100_000
@@ -102,6 +115,7 @@ class Client:
         await self.consumer.seek_to_end(*tps)
         for tp in tps:
             await self.consumer.position(tp)  # fixed before the first publish: no answer can be missed
+        rewind_on_restart(self.consumer)  # a restarted embedded broker's logs start at 0 again
         if self.doorbell_dir is not None:
             self._bell = await Bell(self.doorbell_dir, [tp.topic for tp in tps]).start()
         self._reader = asyncio.create_task(self._read_replies())
@@ -163,8 +177,45 @@ class Client:
         if fut is None:
             fut = self._pending[doc.request_id] = asyncio.get_running_loop().create_future()
         headers = request_headers(doc.request_id, doc.tenant_id, doc.deadline_ms, doc.attempt, doc.traceparent)
-        await self.producer.send_and_wait(self.entry_topic, encode(doc), key=doc.request_id.encode(), headers=headers)
+        try:
+            await self._publish(self.entry_topic, encode(doc), doc.request_id, headers)
+        except PublishError:
+            self._pending.pop(doc.request_id, None)
+            raise
+        if not fut.done():
+            self._acked_at[doc.request_id] = time.time()
+            fut.add_done_callback(lambda _: self._acked_at.pop(doc.request_id, None))
         return fut
+
+    def lost_before(self, died_at: float, reason: str, retry_after_ms: int = 2000) -> int:
+        """A broker that lost its storage (the embedded one, restarted) at `died_at` (wall s) lost every
+        request acknowledged before then and not answered yet: answer them now (`broker_restarted`,
+        503 at the door) rather than at their deadline. Returns how many."""
+        lost = [rid for rid, at in self._acked_at.items() if at <= died_at]
+        for rid in lost:
+            self._deliver_response(Response(request_id=rid, status=Status.error, error_class="broker_restarted",
+                                            reason=reason, answered_by="client", retry_after_ms=retry_after_ms))
+        return len(lost)
+
+    async def _publish(self, topic: str, value: bytes, key: str, headers: list | None = None) -> None:
+        """Send and wait for the broker's ack, within `publish_timeout_s`; PublishError otherwise. An
+        error the producer does not retry itself is tried again, PUBLISH_TRIES times in all (the
+        embedded broker answered a produce `UnknownError` once, right after its restart)."""
+        assert self.producer is not None, "start() the client first"
+        try:
+            async with asyncio.timeout(self.publish_timeout_s):
+                for attempt in range(1, PUBLISH_TRIES + 1):
+                    try:
+                        await self.producer.send_and_wait(topic, value, key=key.encode(), headers=headers)
+                        return
+                    except KafkaError:
+                        if attempt == PUBLISH_TRIES:
+                            raise
+                        await asyncio.sleep(0.05 * attempt)
+        except (TimeoutError, KafkaError) as exc:
+            why = f"not acknowledged within {self.publish_timeout_s:g} s" if isinstance(exc, TimeoutError) \
+                else type(exc).__name__
+            raise PublishError(f"the broker did not take a record for {topic} ({why})") from None
 
     async def submit_many(self, docs: list[RequestDoc]) -> list[asyncio.Future[Response]]:
         """Publish a burst: every send is in flight at once; returns once the broker acked them all."""
@@ -197,8 +248,7 @@ class Client:
         """Withdraw a request: the worker generating it stops, a stage it has not reached skips it,
         and its terminal answer is `cancelled` (runtime/cancels.py)."""
         assert self.producer is not None, "start() the client first"
-        await self.producer.send_and_wait(self.names.cancel, encode(Cancel(request_id=request_id, reason=reason)),
-                                          key=request_id.encode())
+        await self._publish(self.names.cancel, encode(Cancel(request_id=request_id, reason=reason)), request_id)
 
     def cancel_soon(self, request_id: str, reason: str = "caller") -> None:
         """`cancel` from code that may not await (a cancelled task's cleanup); stop() waits for it."""
@@ -208,12 +258,12 @@ class Client:
         """Publish feedback (an API key in `fb.api_key`, or the door's assertion); returns once the
         broker has it. The feedback worker checks, masks and stores it; a refusal lands in the DLQ."""
         assert self.producer is not None, "start() the client first"
-        await self.producer.send_and_wait(self.names.feedback, encode(fb), key=fb.target[1].encode())
+        await self._publish(self.names.feedback, encode(fb), fb.target[1])
 
     def publish_soon(self, topic: str, record: Any, key: str) -> None:
         """Publish a record without waiting for the broker (e.g. the front door's timing evidence)."""
         assert self.producer is not None, "start() the client first"
-        self._soon(self.producer.send_and_wait(topic, encode(record), key=key.encode()), "a record")
+        self._soon(self._publish(topic, encode(record), key), "a record")
 
     def _soon(self, coro, what: str) -> None:
         task = asyncio.get_running_loop().create_task(coro)
@@ -299,6 +349,9 @@ class Client:
         except DecodeError:
             self.unknown += 1
             return
+        self._deliver_response(resp)
+
+    def _deliver_response(self, resp: Response) -> None:
         rid = resp.request_id
         if rid in self._answered:
             self.duplicates += 1

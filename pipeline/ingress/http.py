@@ -39,13 +39,14 @@ from pydantic import ValidationError
 from pipeline.config.settings import Settings
 from pipeline.contracts import Feedback, RequestDoc, Response
 from pipeline.contracts.request import ANONYMOUS_TENANT
-from pipeline.ingress.client import Client, ClientTimeout
+from pipeline.ingress.client import Client, ClientTimeout, PublishError
 from pipeline.ingress.openai_body import BodyError, ChatRequest, chat_request
 from pipeline.ingress.openai_reply import completion, error_body, http_status, retry_after_s
 from pipeline.ingress.sse import SseReply, stream_evidence
 from pipeline.ingress.stream_follow import Ended, Piece
 from pipeline.registries.tenants import Caller, TenantRegistry
 from pipeline.runtime.asgi import AsgiServer
+from pipeline.runtime.broker_watch import BrokerWatch
 from pipeline.runtime.codec import describe_validation_error
 from pipeline.runtime.follower import ControlFollower
 from pipeline.runtime.topics import TopicNames
@@ -58,6 +59,7 @@ log = logging.getLogger(__name__)
 _REQUESTS = Counter("llmpipe_http_requests", "front-door chat completions, by HTTP status", ("status",))
 _LATENCY = Histogram("llmpipe_http_seconds", "front-door chat completion latency (request to answer)",
                      buckets=(0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120))
+BROKER_RETRY_AFTER_S = 2  # the broker watch probes every second while it is down
 GRACE_S = 2.0  # wait this long past the deadline: the pipeline's own deadline answer is better than ours
 RECHECK_KEYS_EVERY_S = 1.0  # an unknown key re-reads `control` (a key just issued) at most this often
 EPISODE_HEADER = "x-llmpipe-episode-id"  # or `llmpipe.episode_id` in the body
@@ -80,7 +82,11 @@ class FrontDoor:
         self.owners = owners  # who owns a request or episode (the warehouse); None: the feedback worker checks alone
         self.client = Client(bootstrap, topic_prefix=settings.topic_prefix, security=settings.kafka,
                              doorbell_dir=settings.doorbell_dir,
-                             reply_partition=settings.http.reply_partition)
+                             reply_partition=settings.http.reply_partition,
+                             publish_timeout_s=settings.http.publish_timeout_s)
+        self.broker: BrokerWatch | None = None  # started with the client: readiness and the fast 503
+        # the stack's own word on readiness (None: ready; else why not), e.g. while it restarts its broker
+        self.not_ready_because: Callable[[], str | None] = lambda: None
         self.registry = TenantRegistry(settings.tenants, settings.tenant_defaults)
         self.follower: ControlFollower | None = None
         self.keyring: Keyring | None = None
@@ -99,6 +105,9 @@ class FrontDoor:
         # the key mask verifies our caller assertions with (and postprocess opens restore mappings with)
         self.keyring = await asyncio.to_thread(keyring_for, self.settings)
         await self.client.start()
+        assert self.client.producer is not None
+        self.broker = await BrokerWatch(self.client.producer.client, [self.client.entry_topic, self.client.names.responses],
+                                        process="frontdoor").start()
         topic = TopicNames(self.settings.topic_prefix)("control")
         self.follower = await ControlFollower(self.bootstrap, topic, self.registry.apply, self.settings.kafka,
                                               self.settings.doorbell_dir).start()
@@ -107,6 +116,8 @@ class FrontDoor:
 
     async def stop(self) -> None:
         self.ready = False
+        if self.broker is not None:
+            await self.broker.stop()
         if self._background:
             await asyncio.gather(*self._background, return_exceptions=True)
         if self.follower is not None:
@@ -177,9 +188,14 @@ class FrontDoor:
         request_id = uuid.uuid4().hex
         try:
             doc, parsed, timeout_s = await self._request(request, request_id)
-            if parsed.stream:
-                return await self._stream(doc, parsed, timeout_s, t0)
-            resp = await self._wait(doc, timeout_s)
+            try:
+                if parsed.stream:
+                    return await self._stream(doc, parsed, timeout_s, t0)
+                resp = await self._wait(doc, timeout_s)
+            except PublishError as exc:
+                if self.broker is not None:
+                    self.broker.failed(str(exc))
+                raise _broker_unavailable() from None
         except HttpError as exc:
             _LATENCY.observe(time.perf_counter() - t0)
             return self._http_error(exc, request_id)
@@ -218,7 +234,14 @@ class FrontDoor:
             if caller is not None:
                 assert self.keyring is not None
                 fb = fb.model_copy(update={"caller_assertion": sign_assertion(fb, caller, self.keyring)})
-            await self.client.send_feedback(fb)
+            if (self.broker is not None and not self.broker.up) or self.not_ready_because() is not None:
+                raise _broker_unavailable()
+            try:
+                await self.client.send_feedback(fb)
+            except PublishError as exc:
+                if self.broker is not None:
+                    self.broker.failed(str(exc))
+                raise _broker_unavailable() from None
         except HttpError as exc:
             return self._http_error(exc, fb_id)
         _REQUESTS.labels("200").inc()
@@ -232,7 +255,7 @@ class FrontDoor:
     def _error_answer(self, resp: Response, status: int) -> JSONResponse:
         _REQUESTS.labels(str(status)).inc()
         headers = _answer_headers(resp)
-        if status == 429:
+        if status == 429 or (status == 503 and resp.retry_after_ms is not None):
             headers["retry-after"] = str(retry_after_s(resp))
         message = resp.reason or resp.error_class or resp.status.value
         return JSONResponse(error_body(status, message, resp.error_class or resp.status.value, resp.request_id),
@@ -242,6 +265,8 @@ class FrontDoor:
         """Authenticate, read and check the body: the request event, not yet published."""
         if not self.ready:
             raise HttpError(503, "not_ready", "the front door is starting or stopping")
+        if (self.broker is not None and not self.broker.up) or self.not_ready_because() is not None:
+            raise _broker_unavailable()  # nothing is published that could not be answered
         _, caller = await self._caller(request.headers.get("authorization"))
         body = await self._body(request)
         try:
@@ -340,16 +365,30 @@ class FrontDoor:
         app.add_api_route("/v1/feedback", self.feedback, methods=["POST"])
 
         async def healthz() -> JSONResponse:
+            """Liveness: the door runs (a broker outage is not a reason to restart it; see /readyz)."""
             ok = self.ready
-            body: dict[str, Any] = {"status": "ok" if ok else "starting", "auth_required": self.settings.auth.required}
+            body: dict[str, Any] = {"status": "ok" if ok else "starting", "auth_required": self.settings.auth.required,
+                                    "broker": self.broker.state() if self.broker is not None else {"state": "unknown"}}
             if self.warnings:
                 body["warnings"] = self.warnings
             return JSONResponse(body, 200 if ok else 503)
+
+        async def readyz() -> JSONResponse:
+            """Readiness: requests can be taken now (the door started and reaches the broker)."""
+            broker = self.broker.state() if self.broker is not None else {"state": "unknown"}
+            why = "starting or stopping" if not self.ready else \
+                f"broker {broker['state']}: {broker.get('reason', '')}" if broker["state"] != "up" else \
+                self.not_ready_because()
+            body: dict[str, Any] = {"ready": why is None, "broker": broker}
+            if why is not None:
+                body["reason"] = why
+            return JSONResponse(body, 200 if why is None else 503)
 
         async def metrics() -> HttpResponse:
             return HttpResponse(generate_latest(REGISTRY), media_type=CONTENT_TYPE_LATEST)
 
         app.add_api_route("/healthz", healthz, methods=["GET"])
+        app.add_api_route("/readyz", readyz, methods=["GET"])
         app.add_api_route("/metrics", metrics, methods=["GET"])
         return app
 
@@ -369,6 +408,12 @@ def config_warnings(settings: Settings) -> list[str]:
 
 def _answer_headers(resp: Response) -> dict[str, str]:
     return {"x-request-id": resp.request_id, "x-answered-by": resp.answered_by}
+
+
+def _broker_unavailable() -> HttpError:
+    return HttpError(503, "broker_unavailable", "the event broker is unreachable; the request was not accepted, "
+                     "retry later (with an Idempotency-Key a retry never runs a request twice)",
+                     {"Retry-After": str(BROKER_RETRY_AFTER_S)})
 
 
 def _no_answer(timeout_s: float) -> HttpError:

@@ -22,7 +22,7 @@ STATUS_BY_CLASS: dict[str, int] = {
     "rate_limited": 429, "concurrency_limited": 429, "budget_exhausted": 429,
     "processing_failed": 500, "unmask_failed": 500, "no_answer": 500, "mask_failed": 500,
     "overloaded": 503, "engine_dead": 503, "no_compatible_deployment": 503, "original_lost": 503,
-    "adapter_unavailable": 503,
+    "adapter_unavailable": 503, "broker_unavailable": 503, "broker_restarted": 503,
     "deadline_exceeded": 504, "no_answer_in_time": 504,
 }
 # cancelled: 499 (nginx's "client closed request"); only a caller that published a `cancel` record and

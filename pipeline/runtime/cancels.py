@@ -25,6 +25,7 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from pipeline.config.settings import KafkaSecurity, kafka_kwargs
 from pipeline.contracts import Cancel
 from pipeline.runtime.bellpoll import BellPoller
+from pipeline.runtime.broker_epoch import rewind_on_restart
 from pipeline.runtime.codec import decode
 from pipeline.runtime.doorbell import Bell
 from pipeline.runtime.errors import DecodeError
@@ -61,6 +62,7 @@ class CancelWatch:
         tps = [TopicPartition(self.topic, p) for p in sorted(parts)]
         self.consumer.assign(tps)
         await self.consumer.seek_to_end(*tps)
+        rewind_on_restart(self.consumer)  # a restarted embedded broker's logs start at 0 again
         for tp in tps:
             await self.consumer.position(tp)  # step 1: fixed now, so a cancel sent after start is read
         self._task = asyncio.create_task(self._follow(), name="cancel-watch")

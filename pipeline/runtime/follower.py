@@ -25,6 +25,7 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from pipeline.config.settings import KafkaSecurity, kafka_kwargs
 from pipeline.contracts import ControlRecord, Marker
 from pipeline.runtime.bellpoll import BellPoller
+from pipeline.runtime.broker_epoch import rewind_on_restart
 from pipeline.runtime.codec import decode, encode
 from pipeline.runtime.doorbell import Bell, producer_class
 from pipeline.runtime.errors import DecodeError
@@ -68,6 +69,7 @@ class ControlFollower:
         tps = [TopicPartition(self.topic, p) for p in sorted(parts)]
         self.consumer.assign(tps)
         await self.consumer.seek_to_beginning(*tps)
+        rewind_on_restart(self.consumer)  # a restarted embedded broker's logs start at 0 again
         self._task = asyncio.create_task(self._follow())
         await self.catch_up(timeout_s)
         return self

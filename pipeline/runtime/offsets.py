@@ -45,6 +45,9 @@ class OffsetTracker:
         self._parts.pop(tp, None)
         self._committed.pop(tp, None)
 
+    def owned(self) -> list[TopicPartition]:
+        return list(self._parts)
+
     def owns(self, tp: TopicPartition) -> bool:
         return tp in self._parts
 

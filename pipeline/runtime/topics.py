@@ -129,3 +129,40 @@ async def apply_topics(
         return result
     finally:
         await admin.close()
+
+
+async def repair_topics(
+    bootstrap: str, prefix: str, registry: dict[str, TopicSpec] | None = None, client_kwargs: dict | None = None,
+    tries: int = 5,
+) -> list[str]:
+    """Registry topics whose partition count is wrong, deleted and created again; returns their names.
+
+    Only for a broker that just lost its storage (the embedded one, restarted): it creates a topic
+    with 4 partitions when any client asks for one it lacks, and every client of the stack asks as it
+    reconnects, often before `apply_topics` ran. Their records are gone with the old broker anyway.
+    A client may auto-create a topic again between the delete and the create: then it is tried again."""
+    registry = registry if registry is not None else load_registry()
+    want = {prefix + spec.name: spec for spec in registry.values()}
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap, request_timeout_ms=15000, **(client_kwargs or {}))
+    await admin.start()
+    repaired: list[str] = []
+    try:
+        for _ in range(tries):
+            described = await admin.describe_topics(list(want))
+            wrong = [t["topic"] for t in described
+                     if t["topic"] in want and len(t["partitions"]) != want[t["topic"]].partitions]
+            if not wrong:
+                return repaired
+            await admin.delete_topics(wrong)
+            for name in wrong:
+                spec = want[name]
+                try:
+                    await admin.create_topics([NewTopic(name, spec.partitions, spec.replication_factor,
+                                                        topic_configs=spec.configs())], timeout_ms=15000)
+                except TopicAlreadyExistsError:
+                    pass  # auto-created again in between: the next round checks it
+                if name not in repaired:
+                    repaired.append(name)
+        raise RuntimeError(f"topics still have the wrong partition count after {tries} repairs")
+    finally:
+        await admin.close()

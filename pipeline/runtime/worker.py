@@ -32,6 +32,7 @@ from aiokafka.structs import OffsetAndMetadata
 
 from pipeline.config.settings import ConsumerSettings, RuntimeSettings, Settings, kafka_kwargs
 from pipeline.runtime.bellpoll import BellPoller, PacedBell
+from pipeline.runtime.broker_epoch import tell_on_restart
 from pipeline.runtime.doorbell import Bell
 from pipeline.runtime.flow import BoundedQueue
 from pipeline.runtime.handler import Handler, Item
@@ -85,6 +86,7 @@ class StageWorker:
             self.runtime.queue_bound, self.runtime.high_watermark, self.runtime.low_watermark, self.metrics
         )
         self.tracker = OffsetTracker()
+        self._from_zero = False  # the broker restarted: read the next assignment from offset 0
         self._generation: dict[TopicPartition, int] = {}
         self._gen_counter = 0
         self._restoring: set[TopicPartition] = set()  # assigned, paused until the stage restored their state
@@ -124,6 +126,7 @@ class StageWorker:
             **kafka_kwargs(self.settings.kafka),
         )
         self.consumer.subscribe(self.topics, listener=_Rebalance(self))
+        tell_on_restart(self)  # an embedded broker that restarted lost the group and its offsets
         if self.settings.doorbell_dir and c.doorbell:
             self.bell = await Bell(self.settings.doorbell_dir, self.topics).start()
         elif c.fetch_every_ms:
@@ -173,6 +176,13 @@ class StageWorker:
 
     # ---- rebalance ---------------------------------------------------------------------------
 
+    def broker_restarted(self) -> None:
+        """runtime/broker_epoch.py: the embedded broker's logs start at 0 again. Offsets of the old
+        logs are never committed, and the next assignment is read from offset 0."""
+        for tp in self.tracker.owned():
+            self.tracker.reset(tp)
+        self._from_zero = True
+
     async def _on_assigned(self, assigned: set[TopicPartition]) -> None:
         for tp in assigned:
             self._gen_counter += 1
@@ -181,6 +191,10 @@ class StageWorker:
         log.info("stage %s assigned %s", self.handler.name, sorted(f"{tp.topic}:{tp.partition}" for tp in assigned))
         if not assigned or self.consumer is None:
             return
+        if self._from_zero:  # not the committed offsets: one may be the old generation's, from the old logs
+            self._from_zero = False
+            for tp in assigned:
+                self.consumer.seek(tp, 0)
         # The stage restores these partitions' state first. The consumer may fetch while this
         # listener awaits, so they stay paused (nothing of them is fetched) until it is done.
         self.consumer.pause(*assigned)

@@ -1,0 +1,209 @@
+"""Faults tell the truth (issue 22): the broker lost under load, an external broker that stops
+answering and comes back, a worker in a crash loop. Each against a real stack (`llmpipe up`) with
+the product's postprocess and a model-free generate (tests.stages:FakeGenerate), so a fault, not
+a model, is what the callers wait on."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import threading
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+from pipeline.ingress.http import GRACE_S
+from pipeline.registries.tenants import key_hash, new_api_key
+from pipeline.runtime.broker import EmbeddedBroker
+from tests.test_cli_stack import last_json, llmpipe, running
+
+pytestmark = pytest.mark.integration
+
+TIMEOUT_S = 8.0  # each caller's deadline
+SLACK_S = 1.5  # HTTP and scheduling on a 2-core host
+
+
+def _config(key: str, gen: dict | None = None) -> dict:
+    return {"tenants": [{"name": "acme", "api_keys": [{"key_sha256": key_hash(key)}]}],
+            "stages": [gen or {"name": "fakegen", "class": "tests.stages:FakeGenerate"}, {"name": "postprocess"}]}
+
+
+def chat(url: str, key: str, timeout_s: float = TIMEOUT_S) -> tuple[int | str, str, float]:
+    """(HTTP status or the exception's name, error code or "ok", seconds)."""
+    t0 = time.monotonic()
+    try:
+        r = httpx.post(url + "/v1/chat/completions", headers={"authorization": f"Bearer {key}"}, timeout=60,
+                       json={"messages": [{"role": "user", "content": "hi"}], "llmpipe": {"timeout_s": timeout_s}})
+    except httpx.HTTPError as exc:
+        return type(exc).__name__, "", time.monotonic() - t0
+    code = "ok" if r.status_code == 200 else (r.json().get("error") or {}).get("code", "")
+    if r.status_code == 503:
+        assert r.headers.get("retry-after"), "a 503 says when to retry"
+    return r.status_code, code, time.monotonic() - t0
+
+
+class Load:
+    """`n` callers, each sending one request after another until stopped."""
+
+    def __init__(self, url: str, key: str, n: int = 4) -> None:
+        self.url, self.key = url, key
+        self.results: list[tuple[float, int | str, str, float]] = []  # (sent at, status, code, seconds)
+        self._stop = threading.Event()
+        self._threads = [threading.Thread(target=self._run, daemon=True) for _ in range(n)]
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            sent = time.monotonic()
+            self.results.append((sent, *chat(self.url, self.key)))
+
+    def __enter__(self) -> "Load":
+        for t in self._threads:
+            t.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        for t in self._threads:
+            t.join(timeout=60)
+        assert not any(t.is_alive() for t in self._threads), "a caller hangs"
+
+
+def readyz_false_within(url: str, t0: float, within_s: float) -> float | None:
+    """Poll /readyz every 0.1 s; seconds from t0 to the first 503, or None."""
+    while time.monotonic() - t0 < within_s:
+        if httpx.get(url + "/readyz", timeout=5).status_code == 503:
+            return time.monotonic() - t0
+        time.sleep(0.1)
+    return None
+
+
+def until_ok(url: str, key: str, t0: float, within_s: float) -> float:
+    """Seconds from t0 until a new request is answered 200."""
+    while True:
+        status, _, _ = chat(url, key, 5.0)
+        if status == 200:
+            return time.monotonic() - t0
+        assert time.monotonic() - t0 < within_s, f"no request succeeded within {within_s:.0f} s"
+        time.sleep(0.2)
+
+
+def assert_every_caller_told_the_truth(results) -> None:
+    assert results
+    for sent, status, code, seconds in results:
+        assert status in (200, 503, 504), (status, code)  # never a bare 500, never a dropped connection
+        assert seconds <= TIMEOUT_S + GRACE_S + SLACK_S, (status, code, seconds)
+
+
+def test_the_embedded_broker_killed_under_load_is_restarted_and_every_caller_gets_an_answer(tmp_path):
+    key = new_api_key()
+    with running(_config(key), tmp_path, "--processes") as info:
+        url = info["http_url"]
+        assert chat(url, key)[0] == 200
+        broker_pid = json.loads((tmp_path / "stack.json").read_text())["pids"]["broker"]
+        with Load(url, key) as load:
+            time.sleep(2)
+            before = len(load.results)
+            os.kill(broker_pid, signal.SIGKILL)
+            t_kill = time.monotonic()
+            unready_at = readyz_false_within(url, t_kill, 5)
+            ok_after = until_ok(url, key, t_kill, 30)
+            time.sleep(2)
+        assert before > 0, "the load ran before the kill"
+        assert unready_at is not None, "/readyz never said not ready within 5 s"
+        assert ok_after <= 30
+        assert_every_caller_told_the_truth(load.results)
+        statuses = {r[1] for r in load.results}
+        assert 200 in statuses and statuses & {503, 504}, statuses  # it served, and the loss showed
+        status = last_json(llmpipe("status", "--json", data_dir=tmp_path))
+        assert status["health"]["broker"]["restarts"] == 1 and status["health"]["broker"]["last_exit_code"] == -9
+        assert status["pids"]["broker"] != broker_pid and status["health"]["ready"]["ready"] is True
+        deadline = time.monotonic() + 60
+        while True:  # the report shows the event (the sink writes in batches)
+            report = last_json(llmpipe("report", "--since", "1h", "--json", data_dir=tmp_path))
+            events = report["sections"]["stack_events"]
+            if events:
+                break
+            assert time.monotonic() < deadline, "no stack event in the report"
+            time.sleep(1)
+        (ev,) = events
+        assert ev["decision"] == "broker_restarted" and ev["exit_code"] == "-9"
+        assert "got no pipeline answer" in ev["reason"]
+
+
+def test_an_external_broker_that_stops_answering_and_returns_needs_no_restart_of_any_process(tmp_path):
+    """SIGSTOP/SIGCONT: the broker keeps its storage, as a real cluster's does."""
+    key = new_api_key()
+    broker = EmbeddedBroker(tmp_path / "external")
+    import asyncio
+
+    asyncio.run(broker.start())
+    try:
+        with running(_config(key), tmp_path, "--processes", "--bootstrap", broker.bootstrap) as info:
+            url = info["http_url"]
+            assert chat(url, key)[0] == 200
+            pids = json.loads((tmp_path / "stack.json").read_text())["pids"]
+            with Load(url, key, n=3) as load:
+                time.sleep(1)
+                assert broker.proc is not None
+                os.kill(broker.proc.pid, signal.SIGSTOP)
+                t_stop = time.monotonic()
+                unready_at = readyz_false_within(url, t_stop, 5)
+                time.sleep(max(0.0, 10 - (time.monotonic() - t_stop)))
+                os.kill(broker.proc.pid, signal.SIGCONT)
+                t_cont = time.monotonic()
+                ok_after = until_ok(url, key, t_cont, 30)
+                time.sleep(1)
+            assert unready_at is not None, "/readyz never said not ready within 5 s"
+            assert_every_caller_told_the_truth(load.results)
+            assert 503 in {r[1] for r in load.results if t_stop + 2 < r[0] < t_cont}, "the door refused while down"
+            assert ok_after <= 30
+            after = json.loads((tmp_path / "stack.json").read_text())["pids"]
+            assert after == pids, "no llmpipe process was restarted"
+            health = last_json(llmpipe("status", "--json", data_dir=tmp_path))["health"]
+            assert health["broker"]["state"] == "external"
+            assert all(w["restarts"] == 0 for w in health["workers"].values()), health["workers"]
+    finally:
+        broker.stop()
+
+
+def test_a_crash_looping_worker_is_restarted_with_a_growing_backoff_and_status_says_so(tmp_path):
+    key = new_api_key()
+    flag = tmp_path / "crash"
+    gen = {"name": "fakegen", "class": "tests.stages:CrashWhileFlagged", "policy": {"flag": str(flag)}}
+    with running(_config(key, gen), tmp_path, "--processes") as info:
+        assert chat(info["http_url"], key)[0] == 200
+        flag.touch()
+        os.kill(json.loads((tmp_path / "stack.json").read_text())["pids"]["worker:fakegen"], signal.SIGKILL)
+        deadline = time.monotonic() + 60
+        while True:
+            w = last_json(llmpipe("status", "--json", data_dir=tmp_path))["health"]["workers"]["fakegen"]
+            if w["deaths_in_a_row"] >= 4:
+                break
+            assert time.monotonic() < deadline, w
+            time.sleep(0.5)
+        assert w["last_exit_code"] == 3 and w["restarts"] >= 3
+        waits = [float(x) for x in re.findall(r"worker fakegen exited with \S+ \(\d+ in a row within 60 s of their "
+                                              r"start\); restarting in (\d+) s",
+                                              (tmp_path / "logs" / "stack.log").read_text())]
+        assert waits[:4] == [0, 1, 2, 4], waits  # not a 1 s loop: each death in a row waits twice as long
+        flag.unlink()
+        deadline = time.monotonic() + 90
+        while chat(info["http_url"], key, 5.0)[0] != 200:  # back once it can start
+            assert time.monotonic() < deadline, "the worker did not come back"
+            time.sleep(1)
+        w = last_json(llmpipe("status", "--json", data_dir=tmp_path))["health"]["workers"]["fakegen"]
+        assert w["state"] == "running"
+        deadline = time.monotonic() + 60
+        while True:  # each restart is a stack event in the warehouse
+            rows = last_json(llmpipe("sql", "SELECT labels['exit_code'] AS code FROM decisions FINAL WHERE "
+                                     "stage = 'stack.worker' AND labels['worker'] = 'fakegen'", "--format", "json",
+                                     data_dir=tmp_path))
+            if len(rows) >= w["restarts"]:
+                break
+            assert time.monotonic() < deadline, rows
+            time.sleep(1)
+        assert {r["code"] for r in rows} == {"-9", "3"}

@@ -10,6 +10,7 @@ ready, and on SIGTERM stops them in reverse order and removes the file.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import os
@@ -165,10 +166,7 @@ async def _broker_restored(up: _Up, broker: EmbeddedBroker, ev: BrokerRestart) -
     await ensure_dev_tenant(s, up.bootstrap)
     if broker.proc is not None:
         up.pids["broker"] = broker.proc.pid
-        info = StackInfo.read(s.resolved_data_dir())
-        if info is not None:
-            info.pids["broker"] = broker.proc.pid
-            info.write(s.resolved_data_dir())
+        up.rewrite_pids()
     await publish_stack_event(s, up.bootstrap, stack_event(
         "broker", "broker_restarted",
         f"the embedded broker exited with {ev.exit_code} and was started again after {ev.down_s:.1f} s; its memory "
@@ -207,6 +205,13 @@ class _Up:
                 log.warning("a stack event (%s) could not be published: %s", event.decision, t.exception())
 
         task.add_done_callback(done)
+
+    def rewrite_pids(self) -> None:
+        """stack.json names the processes running now (`llmpipe down` reaps them and what they started)."""
+        info = StackInfo.read(self.settings.resolved_data_dir())
+        if info is not None:
+            info.pids = dict(self.pids)
+            info.write(self.settings.resolved_data_dir())
 
     def not_ready_because(self) -> str | None:
         """The door's readiness, beyond its own view of the broker: not while the broker restarts."""
@@ -300,6 +305,7 @@ async def _run_children(up: _Up, parts: AsyncExitStack, admin_port: int) -> None
 
     def restarted(stage: str, r: Restarts) -> None:
         up.pids[f"worker:{stage}"] = children.procs[stage].pid
+        up.rewrite_pids()
         up.event_soon(stack_event(
             "worker", "worker_restarted",
             f"worker {stage} exited with {r.last_exit} and was started again (restart {r.count}; {r.in_a_row} "
@@ -436,10 +442,34 @@ def stop_stack(data_dir: Path, timeout_s: float = 90.0) -> StackInfo | None:
         while pid_alive(pid) and time.monotonic() < deadline:
             time.sleep(0.1)
         if pid_alive(pid):
-            for p in info.pids.values():
-                try:
-                    os.kill(p, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
+            os.kill(pid, signal.SIGKILL)
+    reap_groups([p for name, p in info.pids.items() if name != "supervisor"])
     (data_dir / STACK_FILE).unlink(missing_ok=True)
+    (data_dir / HEALTH_FILE).unlink(missing_ok=True)
     return info
+
+
+def reap_groups(leaders: list[int], grace_s: float = 10.0) -> None:
+    """What is left of the stack's process groups (each worker and the broker lead one; vLLM's engine
+    processes are in their worker's), after a supervisor that stopped them, or died without doing so:
+    SIGTERM, then SIGKILL after `grace_s`."""
+    def left() -> list[int]:
+        alive = []
+        for g in leaders:
+            try:
+                os.killpg(g, 0)
+                alive.append(g)
+            except (ProcessLookupError, PermissionError):
+                pass
+        return alive
+
+    for sig, wait_s in ((signal.SIGTERM, grace_s), (signal.SIGKILL, 5.0)):
+        groups = left()
+        if not groups:
+            return
+        for g in groups:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(g, sig)
+        deadline = time.monotonic() + wait_s
+        while left() and time.monotonic() < deadline:
+            time.sleep(0.1)

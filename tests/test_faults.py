@@ -5,13 +5,13 @@ a model, is what the callers wait on."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import re
 import signal
 import threading
 import time
-from pathlib import Path
 
 import httpx
 import pytest
@@ -138,8 +138,6 @@ def test_an_external_broker_that_stops_answering_and_returns_needs_no_restart_of
     """SIGSTOP/SIGCONT: the broker keeps its storage, as a real cluster's does."""
     key = new_api_key()
     broker = EmbeddedBroker(tmp_path / "external")
-    import asyncio
-
     asyncio.run(broker.start())
     try:
         with running(_config(key), tmp_path, "--processes", "--bootstrap", broker.bootstrap) as info:
@@ -207,3 +205,26 @@ def test_a_crash_looping_worker_is_restarted_with_a_growing_backoff_and_status_s
             assert time.monotonic() < deadline, rows
             time.sleep(1)
         assert {r["code"] for r in rows} == {"-9", "3"}
+
+
+def test_down_reaps_every_process_of_a_stack_whose_supervisor_was_killed(tmp_path):
+    import psutil
+
+    key = new_api_key()
+    with running(_config(key), tmp_path, "--processes") as info:
+        assert chat(info["http_url"], key)[0] == 200
+        pids = json.loads((tmp_path / "stack.json").read_text())["pids"]
+        tree = [p for pid in pids.values() for p in (psutil.Process(pid), *psutil.Process(pid).children(recursive=True))]
+        os.kill(pids["supervisor"], signal.SIGKILL)
+        time.sleep(1)
+        assert any(p.is_running() for p in tree if p.pid != pids["supervisor"]), "workers outlive their supervisor"
+        down = llmpipe("down", data_dir=tmp_path, timeout=120)
+        assert down.returncode == 0, down.stderr
+        left = []
+        for p in tree:
+            try:
+                if p.is_running() and p.status() != psutil.STATUS_ZOMBIE:
+                    left.append((p.pid, p.name()))
+            except psutil.Error:
+                pass
+        assert not left, f"`llmpipe down` left {left}"

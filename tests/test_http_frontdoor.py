@@ -487,7 +487,10 @@ def test_zz_generate_killed_mid_stream_shows_no_text_twice(door):
     import asyncio
     import os
     import signal
+    import threading
     from pathlib import Path
+
+    import psutil
 
     from pipeline.contracts.request import ChatBody, ChatMessage
     from pipeline.ingress.client import Client
@@ -495,6 +498,22 @@ def test_zz_generate_killed_mid_stream_shows_no_text_twice(door):
 
     info, keys, data_dir = door
     pid = info["pids"]["worker:generate"]
+    engine = psutil.Process(pid).children(recursive=True)  # vLLM's engine core and its model worker
+    assert engine, "the generate worker runs its engine in child processes"
+    reaped: list[float] = []
+
+    def alive(p: psutil.Process) -> bool:
+        try:
+            return p.is_running() and p.status() != psutil.STATUS_ZOMBIE
+        except psutil.Error:
+            return False
+
+    def watch_engine(t0: float) -> None:  # issue 22: the engine dies with its worker, within 10 s
+        while time.monotonic() - t0 < 30:
+            if not any(alive(p) for p in engine):
+                reaped.append(time.monotonic() - t0)
+                return
+            time.sleep(0.1)
 
     async def run():
         async with Client(info["bootstrap"], topic_prefix=info["topic_prefix"],
@@ -507,9 +526,11 @@ def test_zz_generate_killed_mid_stream_shows_no_text_twice(door):
                 events.append(ev)
                 if len(events) == 4:
                     os.kill(pid, signal.SIGKILL)
+                    threading.Thread(target=watch_engine, args=(time.monotonic(),), daemon=True).start()
             return doc.request_id, events
 
     rid, events = asyncio.run(run())
+    assert reaped and reaped[0] <= 10, f"the killed worker's engine processes outlived it ({reaped})"
     end = events[-1]
     assert isinstance(end, Ended)
     shown = "".join(ev.text for ev in events[:-1])

@@ -228,3 +228,46 @@ def test_down_reaps_every_process_of_a_stack_whose_supervisor_was_killed(tmp_pat
             except psutil.Error:
                 pass
         assert not left, f"`llmpipe down` left {left}"
+
+
+def test_the_sink_killed_during_500_requests_loses_no_row(tmp_path):
+    """Rows wait on their topics while the sink is down; it commits only what it inserted, so the
+    restarted sink writes each answered request once (ReplacingMergeTree keys absorb a re-insert)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    key = new_api_key()
+    n = 500
+    with running(_config(key), tmp_path, "--processes") as info:
+        url = info["http_url"]
+        sink_pid = json.loads((tmp_path / "stack.json").read_text())["pids"]["worker:sink"]
+        answered: list[str] = []
+
+        def one(i: int) -> None:
+            r = httpx.post(url + "/v1/chat/completions", headers={"authorization": f"Bearer {key}"}, timeout=60,
+                           json={"messages": [{"role": "user", "content": f"q{i}"}]})
+            assert r.status_code == 200, r.text
+            answered.append(r.headers["x-request-id"])
+
+        with ThreadPoolExecutor(8) as pool:
+            futs = [pool.submit(one, i) for i in range(n)]
+            while len(answered) < n // 3:
+                time.sleep(0.05)
+            os.kill(sink_pid, signal.SIGKILL)
+            killed_at = len(answered)
+            for f in futs:
+                f.result()
+        assert killed_at < n and len(set(answered)) == n
+        deadline = time.monotonic() + 120
+        while True:  # the restarted sink catches up
+            rows = last_json(llmpipe("sql", "SELECT request_id, count() AS n FROM requests WHERE replay_id = '' "
+                                     "GROUP BY request_id", "--format", "json", data_dir=tmp_path))
+            if len(rows) >= n:
+                break
+            assert time.monotonic() < deadline, f"{len(rows)} of {n} rows after the sink came back"
+            time.sleep(1)
+        assert {r["request_id"] for r in rows} == set(answered), "exactly the answered requests, none missing"
+        final = last_json(llmpipe("sql", "SELECT count() AS n FROM requests FINAL WHERE replay_id = ''",
+                                  "--format", "json", data_dir=tmp_path))
+        assert final[0]["n"] == n, "one row per request once deduplicated"
+        health = last_json(llmpipe("status", "--json", data_dir=tmp_path))["health"]
+        assert health["workers"]["sink"]["restarts"] == 1 and health["workers"]["sink"]["last_exit_code"] == -9

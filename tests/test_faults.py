@@ -12,6 +12,7 @@ import re
 import signal
 import threading
 import time
+from pathlib import Path
 
 import httpx
 import pytest
@@ -271,3 +272,20 @@ def test_the_sink_killed_during_500_requests_loses_no_row(tmp_path):
         assert final[0]["n"] == n, "one row per request once deduplicated"
         health = last_json(llmpipe("status", "--json", data_dir=tmp_path))["health"]
         assert health["workers"]["sink"]["restarts"] == 1 and health["workers"]["sink"]["last_exit_code"] == -9
+
+
+def test_a_reduced_chaos_run_answers_every_caller_loses_no_row_and_leaks_no_hold():
+    """`bench/chaos_bench.py --light` for one minute: the sink, a stage worker and the broker killed."""
+    import subprocess
+    import sys
+
+    root = Path(__file__).resolve().parents[1]
+    res = subprocess.run([sys.executable, str(root / "bench" / "chaos_bench.py"), "--light", "--minutes", "1",
+                          "--fault-every-s", "15"], cwd=root, capture_output=True, text=True, timeout=900)
+    assert res.returncode == 0, res.stderr[-3000:]
+    doc = json.loads(res.stdout.strip().splitlines()[-1])
+    assert doc["sent"] >= 200 and doc["unanswered_by_deadline_plus_grace"] == 0, doc["by_status"]
+    assert doc["holds_leaked"] == 0 and doc["warehouse"]["missing"] == 0
+    assert {f["kind"] for f in doc["faults"]} == {"worker", "sink", "broker"}, doc["faults"]
+    assert all(f["recovery_s"] is not None and f["recovery_s"] <= 30 for f in doc["faults"]), doc["faults"]
+    assert doc["restarts"]["broker"] == 1 and doc["passed"]

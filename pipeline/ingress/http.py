@@ -33,7 +33,7 @@ import orjson
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 from fastapi.responses import Response as HttpResponse
-from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, Counter, Histogram, generate_latest
+from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, Counter, Gauge, Histogram, generate_latest
 from pydantic import ValidationError
 
 from pipeline.config.settings import Settings
@@ -57,6 +57,8 @@ from pipeline.stores.owners import Owners, owner_refusal
 log = logging.getLogger(__name__)
 
 _REQUESTS = Counter("llmpipe_http_requests", "front-door chat completions, by HTTP status", ("status",))
+_DUPLICATES = Gauge("llmpipe_http_duplicate_answers", "terminal answers for a request already answered (an "
+                    "at-least-once redelivery): dropped, never shown to a caller")
 _LATENCY = Histogram("llmpipe_http_seconds", "front-door chat completion latency (request to answer)",
                      buckets=(0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120))
 BROKER_RETRY_AFTER_S = 2  # the broker watch probes every second while it is down
@@ -106,6 +108,7 @@ class FrontDoor:
         self.keyring = await asyncio.to_thread(keyring_for, self.settings)
         await self.client.start()
         assert self.client.producer is not None
+        _DUPLICATES.set_function(lambda: self.client.duplicates)
         self.broker = await BrokerWatch(self.client.producer.client, [self.client.entry_topic, self.client.names.responses],
                                         process="frontdoor").start()
         topic = TopicNames(self.settings.topic_prefix)("control")

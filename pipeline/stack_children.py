@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 import os
 import signal
@@ -149,6 +150,16 @@ class ChildWorkers:
             except TimeoutError:
                 pass
 
+    def _broker_view(self, stage: str, pid: int) -> dict:
+        """What the running child last wrote (write_worker_health); stale or another pid's: unknown."""
+        try:
+            doc = json.loads(worker_health_file(self.settings.resolved_data_dir(), stage).read_text())
+        except (OSError, ValueError):
+            return {"state": "unknown"}
+        if doc.get("pid") != pid or time.time() - doc.get("at", 0) > 5:
+            return {"state": "unknown", "reason": "no recent report from this worker"}
+        return doc["broker"]
+
     def state(self) -> dict[str, dict]:
         out = {}
         for stage, proc in self.procs.items():
@@ -156,7 +167,7 @@ class ChildWorkers:
             state = "waiting to restart" if r.next_start is not None else \
                 "running" if proc.poll() is None else "exited"
             out[stage] = {"state": state, "pid": proc.pid, "restarts": r.count, "deaths_in_a_row": r.in_a_row,
-                          "last_exit_code": r.last_exit}
+                          "last_exit_code": r.last_exit, "broker": self._broker_view(stage, proc.pid)}
         return out
 
     async def stop(self) -> None:
@@ -187,3 +198,21 @@ async def _wait_http(url: str, timeout_s: float) -> None:
                 pass
             await asyncio.sleep(0.1)
     raise StackError(f"{url} did not become healthy within {timeout_s:.0f}s")
+
+
+def worker_health_file(data_dir: Path, stage: str) -> Path:
+    return data_dir / "run" / f"worker-{stage}.health.json"
+
+
+async def write_worker_health(data_dir: Path, stage: str, workers: list, every_s: float = 1.0) -> None:
+    """In a worker child: its broker view (each StageWorker's BrokerWatch), for the supervisor."""
+    path = worker_health_file(data_dir, stage)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    while True:
+        views = [w.broker.state() for w in workers if getattr(w, "broker", None) is not None]
+        down = [v for v in views if v["state"] != "up"]
+        doc = {"at": round(time.time(), 3), "pid": os.getpid(), "broker": (down or views or [{"state": "unknown"}])[0]}
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(doc))
+        tmp.replace(path)
+        await asyncio.sleep(every_s)

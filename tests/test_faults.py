@@ -151,6 +151,8 @@ def test_an_external_broker_that_stops_answering_and_returns_needs_no_restart_of
                 os.kill(broker.proc.pid, signal.SIGSTOP)
                 t_stop = time.monotonic()
                 unready_at = readyz_false_within(url, t_stop, 5)
+                time.sleep(max(0.0, 8 - (time.monotonic() - t_stop)))
+                during = json.loads((tmp_path / "run" / "health.json").read_text())
                 time.sleep(max(0.0, 10 - (time.monotonic() - t_stop)))
                 os.kill(broker.proc.pid, signal.SIGCONT)
                 t_cont = time.monotonic()
@@ -162,7 +164,15 @@ def test_an_external_broker_that_stops_answering_and_returns_needs_no_restart_of
             assert ok_after <= 30
             after = json.loads((tmp_path / "stack.json").read_text())["pids"]
             assert after == pids, "no llmpipe process was restarted"
-            health = last_json(llmpipe("status", "--json", data_dir=tmp_path))["health"]
+            assert during["door"]["broker"]["state"] == "down", during
+            assert {w["broker"]["state"] for w in during["workers"].values()} == {"down"}, during["workers"]
+            deadline = time.monotonic() + 20  # a worker's probe backs off to 5 s while the broker is down
+            while True:
+                health = last_json(llmpipe("status", "--json", data_dir=tmp_path))["health"]
+                if {w["broker"]["state"] for w in health["workers"].values()} == {"up"}:
+                    break
+                assert time.monotonic() < deadline, health["workers"]
+                time.sleep(1)
             assert health["broker"]["state"] == "external"
             assert all(w["restarts"] == 0 for w in health["workers"].values()), health["workers"]
     finally:

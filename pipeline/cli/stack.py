@@ -186,6 +186,7 @@ def worker(stage: Annotated[str, typer.Argument(help="stage name from the topolo
     from pipeline.runtime.launch import FEEDBACK_HOST, feedback_worker, run_until_signalled, sink_worker, stage_worker
     from pipeline.runtime.metrics import serve_metrics
     from pipeline.runtime.topology import Topology
+    from pipeline.stack_children import write_worker_health
     from pipeline.stores.sql_gateway import AdminServer, admin_token_for
     from pipeline.stores.warehouse import open_warehouse
     from pipeline.stores.warehouse_sink import SINK_STAGE
@@ -215,15 +216,24 @@ def worker(stage: Annotated[str, typer.Argument(help="stage name from the topolo
             if stage == FEEDBACK_HOST:
                 admin_url = f"http://127.0.0.1:{s.admin_port}" if s.admin_port else None
                 workers.append(feedback_worker(s, bs, admin_url))
-            await run_until_signalled(workers, on_started=ready)
+            await run_reporting(workers)
             return
         wh = open_warehouse(s)
         admin = await AdminServer(wh, admin_port or s.admin_port, admin_token_for(s)).start()
         try:
-            await run_until_signalled([sink_worker(s, bs, wh)], on_started=ready)
+            await run_reporting([sink_worker(s, bs, wh)])
         finally:
             await admin.stop()
             wh.close()
+
+    async def run_reporting(workers) -> None:
+        """Run the workers; their view of the broker goes to run/worker-<stage>.health.json every
+        second (the supervisor shows it in `llmpipe status`)."""
+        report = asyncio.create_task(write_worker_health(s.resolved_data_dir(), stage, workers))
+        try:
+            await run_until_signalled(workers, on_started=ready)
+        finally:
+            report.cancel()
 
     asyncio.run(run())
 

@@ -33,6 +33,7 @@ from aiokafka.structs import OffsetAndMetadata
 from pipeline.config.settings import ConsumerSettings, RuntimeSettings, Settings, kafka_kwargs
 from pipeline.runtime.bellpoll import BellPoller, PacedBell
 from pipeline.runtime.broker_epoch import tell_on_restart
+from pipeline.runtime.broker_watch import BrokerWatch
 from pipeline.runtime.doorbell import Bell
 from pipeline.runtime.flow import BoundedQueue
 from pipeline.runtime.handler import Handler, Item
@@ -98,6 +99,7 @@ class StageWorker:
         self.producer: AIOKafkaProducer | None = None
         self.bell: Bell | PacedBell | None = None
         self.poller: BellPoller | None = None
+        self.broker: BrokerWatch | None = None
         self.stopped = asyncio.Event()
 
     # ---- lifecycle -------------------------------------------------------------------------
@@ -132,6 +134,9 @@ class StageWorker:
         elif c.fetch_every_ms:
             self.bell = PacedBell()
         await self.consumer.start()
+        # this worker's view of the broker: `llmpipe_broker_up{process}`, its log, `llmpipe status`
+        self.broker = await BrokerWatch(self.producer.client, self.topics, process=f"stage {self.handler.name}",
+                                        interval_s=2.0).start()
         concurrency = max(1, self.handler.concurrency)
         self._processors = [asyncio.create_task(self._process_loop(), name=f"{self.handler.name}-proc{i}") for i in range(concurrency)]
         self._tasks = [
@@ -156,6 +161,8 @@ class StageWorker:
         for t in self._processors + self._tasks:
             t.cancel()
         await asyncio.gather(*self._processors, *self._tasks, return_exceptions=True)
+        if self.broker is not None:
+            await self.broker.stop()
         await self._commit()
         try:
             if self.consumer is not None:

@@ -213,7 +213,7 @@ class Client:
                             raise
                         await asyncio.sleep(0.05 * attempt)
         except (TimeoutError, KafkaError) as exc:
-            why = f"not acknowledged within {self.publish_timeout_s:g} s" if isinstance(exc, TimeoutError) \
+            why = f"not acknowledged within {self.publish_timeout_s} s" if isinstance(exc, TimeoutError) \
                 else type(exc).__name__
             raise PublishError(f"the broker did not take a record for {topic} ({why})") from None
 

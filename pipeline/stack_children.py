@@ -216,3 +216,12 @@ async def write_worker_health(data_dir: Path, stage: str, workers: list, every_s
         tmp.write_text(json.dumps(doc))
         tmp.replace(path)
         await asyncio.sleep(every_s)
+
+
+async def run_reported(data_dir: Path, stage: str, workers: list, run: Callable) -> None:
+    """`await run()` while write_worker_health reports the workers' broker view every second."""
+    report = asyncio.create_task(write_worker_health(data_dir, stage, workers))
+    try:
+        await run()
+    finally:
+        report.cancel()

@@ -186,7 +186,7 @@ def worker(stage: Annotated[str, typer.Argument(help="stage name from the topolo
     from pipeline.runtime.launch import FEEDBACK_HOST, feedback_worker, run_until_signalled, sink_worker, stage_worker
     from pipeline.runtime.metrics import serve_metrics
     from pipeline.runtime.topology import Topology
-    from pipeline.stack_children import write_worker_health
+    from pipeline.stack_children import run_reported
     from pipeline.stores.sql_gateway import AdminServer, admin_token_for
     from pipeline.stores.warehouse import open_warehouse
     from pipeline.stores.warehouse_sink import SINK_STAGE
@@ -226,14 +226,8 @@ def worker(stage: Annotated[str, typer.Argument(help="stage name from the topolo
             await admin.stop()
             wh.close()
 
-    async def run_reporting(workers) -> None:
-        """Run the workers; their view of the broker goes to run/worker-<stage>.health.json every
-        second (the supervisor shows it in `llmpipe status`)."""
-        report = asyncio.create_task(write_worker_health(s.resolved_data_dir(), stage, workers))
-        try:
-            await run_until_signalled(workers, on_started=ready)
-        finally:
-            report.cancel()
+    async def run_reporting(workers) -> None:  # their broker view goes to the supervisor (`llmpipe status`)
+        await run_reported(s.resolved_data_dir(), stage, workers, lambda: run_until_signalled(workers, on_started=ready))
 
     asyncio.run(run())
 

@@ -12,7 +12,7 @@ from pipeline.contracts.stream import Delta
 from pipeline.ingress.stream_follow import StreamFollower
 from pipeline.security.sealing import unmask
 from pipeline.security.stream_unmask import MAX_PLACEHOLDER, StreamUnmasker
-from pipeline.stages.generate.coalesce import Coalescer
+from pipeline.stages.generate.coalesce import Coalescer, Throttle
 
 MAPPING = {"<EMAIL_ADDRESS_1>": "jane.doe@example.com", "<PERSON_1>": "Jane Doe", "<PERSON_10>": "Kim Minsu"}
 ANSWER = "Dear <PERSON_1>, we wrote to <EMAIL_ADDRESS_1> and cc'd <PERSON_10>; 3 < 4 and a<b, <3 <html> <PERSON_2>."
@@ -51,30 +51,50 @@ def test_text_that_only_looks_like_an_opening_is_not_held_forever():
 
 
 def test_the_first_piece_goes_at_once_then_at_most_one_chunk_per_window():
-    c = Coalescer(window_ms=25, max_tokens=4)
-    first = c.add("a", [1], [-0.1], 0)  # nothing sent yet: no reason to wait
-    assert first and (first.seq, first.text, first.token_ids, first.logprobs) == (0, "a", [1], [-0.1])
-    assert [c.add("b", [2], [-0.2], 5), c.add("c", [3], [-0.3], 10)] == [None, None]
-    assert not c.due(24) and c.due(25) and c.wait_ms(10) == 15
-    assert c.take(25).text == "bc" and c.take(26) is None and not c.due(100)
-    out = [c.add(x, [i], None, 30 + i) for i, x in enumerate("defg")]  # four tokens inside the window
-    assert out[:3] == [None, None, None] and out[3] and out[3].text == "defg" and out[3].logprobs is None
-    slow = c.add("h", [9], None, 80)  # the window since the last chunk has passed: it goes at once
-    assert slow and (slow.seq, slow.text) == (3, "h")
+    c, th = Coalescer(max_tokens=4), Throttle(window_ms=25)
+    assert c.add("a", [1], [-0.1]) and th.due(0)  # the attempt's first piece: no reason to wait
+    first = c.take()
+    th.sent(0)
+    assert (first.seq, first.text, first.token_ids, first.logprobs) == (0, "a", [1], [-0.1])
+    assert [c.add("b", [2], [-0.2]), c.add("c", [3], [-0.3])] == [False, False] and c.pending
+    assert not th.due(24) and th.due(25) and th.wait_ms(10) == 15
+    assert c.take().text == "bc" and c.take() is None and not c.pending
+    th.sent(25)
+    out = [c.add(x, [i], None) for i, x in enumerate("defg")]  # four tokens inside the window
+    assert out == [False, False, False, True], "max_tokens waiting goes at once"
+    four = c.take()
+    assert four.text == "defg" and four.logprobs is None and four.seq == 2
+    th.sent(33)
+    assert not c.add("h", [9], None) and th.due(80)  # the window since the last flush has passed: it goes
+    assert (c.take().seq, c.take(even_empty=True).seq) == (3, 4)
+
+
+def _flushed(times_ms: list[float], window_ms: float = 25, max_tokens: int = 16) -> list:
+    """DeltaFlusher's step 2 on a virtual clock for one stream: a piece goes at once when it asks to
+    or the throttle is due, and otherwise with the timer, `window_ms` after the last flush."""
+    c, th, chunks, last = Coalescer(max_tokens=max_tokens), Throttle(window_ms=window_ms), [], 0.0
+    for t, at in enumerate(times_ms):
+        if c.pending and th.due(at):  # the timer fired before this piece came
+            chunks.append(c.take())
+            last += window_ms
+            th.sent(last)
+        if c.add(f"w{t} ", [t], None) or th.due(at):
+            chunks.append(c.take())
+            last = at
+            th.sent(at)
+    chunks += [c.take()] if c.pending else []
+    return chunks
 
 
 def test_a_long_answer_is_tens_of_chunks_not_hundreds():
-    c = Coalescer(window_ms=25, max_tokens=16)
-    chunks = [ch for t in range(512) if (ch := c.add(f"w{t} ", [t], None, t * 2.0))]  # a token every 2 ms
-    chunks += [c.take(10_000)] if c.due(10_000) else []
+    chunks = _flushed([t * 2.0 for t in range(512)])  # a token every 2 ms
     assert "".join(ch.text for ch in chunks) == "".join(f"w{t} " for t in range(512))
     assert [ch.seq for ch in chunks] == list(range(len(chunks))) and len(chunks) <= 50
 
 
 def test_slow_tokens_are_one_chunk_each():
-    c = Coalescer(window_ms=25, max_tokens=16)
-    chunks = [c.add(f"t{t}", [t], None, t * 40.0) for t in range(10)]  # slower than the window
-    assert all(ch is not None for ch in chunks) and [ch.text for ch in chunks] == [f"t{t}" for t in range(10)]
+    chunks = _flushed([t * 40.0 for t in range(10)])  # slower than the window
+    assert [ch.text for ch in chunks] == [f"w{t} " for t in range(10)]
 
 
 def _d(attempt: str, seq: int, text: str) -> Delta:
@@ -144,28 +164,32 @@ def test_any_crash_point_shows_the_answer_once(seed):
 
 
 class _Recorder:
-    """Stands in for the producer: what a DeltaSink hands over, in order (the broker path is tested on
-    the stack, tests/test_http_frontdoor.py)."""
+    """Stands in for the producer: what the flusher hands over, in order, with the loop turn of each
+    hand-over (the broker path is tested on the stack, tests/test_http_frontdoor.py)."""
 
     def __init__(self) -> None:
         self.sent: list[Delta] = []
+        self.turns: list[int] = []
+        self.turn = 0
 
     async def send(self, topic, value, key=None, partition=None):
         import orjson
 
-        self.sent.append(Delta.model_validate(orjson.loads(value)))
-        assert (topic, key, partition) == ("deltas", b"r", 3)
+        d = Delta.model_validate(orjson.loads(value))
+        assert (topic, key, partition) == ("deltas", d.request_id.encode(), 3)
+        self.sent.append(d)
+        self.turns.append(self.turn)
 
 
 @pytest.mark.asyncio
 async def test_a_delta_sink_sends_in_order_flushes_on_a_timer_and_ends_with_what_it_held():
     import asyncio
 
-    from pipeline.stages.generate.stream import DeltaSink
+    from pipeline.stages.generate.stream import DeltaFlusher, DeltaSink
 
     rec = _Recorder()
-    sink = DeltaSink("r", "w:1", producer=rec, topic="deltas", partition=3,
-                     unmasker=StreamUnmasker(MAPPING), window_ms=20, max_tokens=16)
+    flusher = DeltaFlusher(rec, "deltas", window_ms=20, max_tokens=16)
+    sink = flusher.sink("r", "w:1", 3, StreamUnmasker(MAPPING))
     sink.piece("Hi ", [1], None)  # goes at once
     sink.piece("<PERSON", [2], None)  # waits for the window, then is held back by the un-masker
     sink.piece("_1", [3], None)
@@ -179,3 +203,51 @@ async def test_a_delta_sink_sends_in_order_flushes_on_a_timer_and_ends_with_what
     quiet.piece("x", [1, 2], None)
     await quiet.finish()
     assert quiet.tokens == 2 and quiet.sent == 0
+    await flusher.stop()
+
+
+@pytest.mark.asyncio
+async def test_concurrent_streams_flush_together_and_no_piece_waits_past_the_window():
+    """One flush per window carries every stream's waiting piece: on the embedded broker each
+    produce request is a batch, and a fetch lists every batch of its partition."""
+    import asyncio
+    import time
+
+    from pipeline.stages.generate.stream import DeltaFlusher
+
+    rec = _Recorder()
+    window_s = 0.05
+    flusher = DeltaFlusher(rec, "deltas", window_ms=window_s * 1000, max_tokens=4)
+    sinks = [flusher.sink(f"r{i}", f"w:{i}", 3) for i in range(4)]
+    for i, s in enumerate(sinks):
+        s.piece(f"{i}a", [1], None)  # each attempt's first piece goes at once (caller TTFT)
+    await asyncio.sleep(0)
+    assert [d.request_id for d in rec.sent] == ["r0", "r1", "r2", "r3"] and flusher.flushes == 4
+    rec.turn, t0 = 1, time.monotonic()
+    for i, s in enumerate(sinks):  # within the window: all four wait for the one timer
+        s.piece(f"{i}b", [2], None)
+    await asyncio.sleep(0)
+    assert len(rec.sent) == 4, "nothing went before the window passed"
+    while len(rec.sent) < 8:
+        await asyncio.sleep(0.002)
+    waited = time.monotonic() - t0
+    assert flusher.flushes == 5 and rec.turns[4:] == [1] * 4, "one flush carried all four, in one turn"
+    assert [d.text for d in rec.sent[4:]] == ["0b", "1b", "2b", "3b"]
+    assert waited < window_s + 0.04, f"a piece waited {waited * 1000:.0f} ms, past the window"
+    rec.turn = 2
+    for n in range(4):  # max_tokens waiting goes at once, window or not
+        sinks[0].piece("x", [10 + n], None)
+    await asyncio.sleep(0)
+    assert rec.sent[-1].request_id == "r0" and rec.sent[-1].token_ids == [10, 11, 12, 13] and flusher.flushes == 6
+    sinks[1].piece("late", [3], None)
+    await sinks[1].abandon()  # a failed attempt: what waited is dropped, and nothing of it comes later
+    await asyncio.sleep(window_s * 2)
+    assert not any(d.request_id == "r1" and d.text == "late" for d in rec.sent)
+    for s in sinks:
+        await s.finish()
+    assert [d.request_id for d in rec.sent if d.last] == ["r0", "r2", "r3"]
+    for i in (0, 2, 3):
+        seqs = [d.seq for d in rec.sent if d.request_id == f"r{i}"]
+        assert seqs == list(range(len(seqs)))
+    await flusher.stop()
+    await flusher.stop()  # idempotent

@@ -50,7 +50,7 @@ from pipeline.stages.generate.fair_gate import FairGate
 from pipeline.stages.generate.lora.host import AdapterHost
 from pipeline.stages.generate.lora.refusal import adapter_refusal
 from pipeline.stages.generate.rollouts.samples import rollout_rows, sample_seeds
-from pipeline.stages.generate.stream import DeltaSink
+from pipeline.stages.generate.stream import DeltaFlusher, DeltaSink
 from pipeline.stages.postprocess.policy import PostprocessPolicy
 
 log = logging.getLogger(__name__)
@@ -106,6 +106,7 @@ class GenerateStage(Stage):
         self.unmask_policy = PostprocessPolicy.model_validate(pp.policy if pp else {})  # one source for streams
         self.keyring: Keyring | None = None
         self.actor = ActorReplica(self.member, self._publish_actor_report)
+        self.deltas: DeltaFlusher | None = None  # every streaming attempt's deltas (generate/stream.py)
         self.host = AdapterHost(self.member, self.deployments, self.engines, ctx.settings.lora, self.adapters,
                                 self._publish_control, self._publish_weight_event,
                                 snapshots=ctx.settings.resolved_data_dir() / "adapters" / "verified")
@@ -136,6 +137,8 @@ class GenerateStage(Stage):
         await self.actor.drain_tasks()
         await self.host.drain()
         await self.stop_following()
+        if self.deltas is not None:
+            await self.deltas.stop()
         for engine in self.engines.values():
             await engine.stop()
 
@@ -438,9 +441,10 @@ class GenerateStage(Stage):
         reply = doc.reply_to
         if reply is None or not reply.stream or doc.rollout is not None or self.producer is None:
             return DeltaSink(doc.request_id, attempt)
-        return DeltaSink(doc.request_id, attempt, producer=self.producer, topic=self.names.deltas,
-                         partition=reply.partition, unmasker=self._unmasker(doc),
-                         window_ms=self.policy.stream.window_ms, max_tokens=self.policy.stream.max_tokens)
+        if self.deltas is None:
+            self.deltas = DeltaFlusher(self.producer, self.names.deltas)
+        self.deltas.throttle.window_ms, self.deltas.max_tokens = self.policy.stream.window_ms, self.policy.stream.max_tokens
+        return self.deltas.sink(doc.request_id, attempt, reply.partition, self._unmasker(doc))
 
     def _unmasker(self, doc: RequestDoc) -> StreamUnmasker:
         """What postprocess will do to the whole answer, done to each piece: restore the placeholders

@@ -1,25 +1,30 @@
-"""One attempt's answer, sent to its caller while the engine generates it (`delta/v1` on `deltas`).
+"""Streamed answers, sent to their callers while the engine generates them (`delta/v1` on `deltas`).
 
-Protocol, per engine attempt of a request whose reply_to asks for a stream:
-1. The engine calls `piece()` with each new piece (text, token ids, logprobs) inside its output
-   loop; it never waits here.
-2. Pieces are coalesced (coalesce.py): the first goes at once, later ones at most one chunk per
-   window or per `max_tokens`. A timer sends what waits when the engine pauses.
-3. A chunk's text goes through the stream un-masker (security/stream_unmask.py): placeholders are
-   restored whole where the tenant allows it, and kept whole where it does not.
-4. Chunks are queued, and one task sends them in order to the caller's partition of `deltas`
-   (the number of its reply partition). A failed send is counted and logged, never raised: a
-   delta is a preview, and the terminal answer carries the whole text.
-5. `finish()` sends what is pending and what the un-masker held, as the attempt's `last` delta;
-   `abandon()` (a failed or cancelled attempt) drops what is pending. Both wait until the queue
-   is handed to the producer.
-Without a stream (publish off) the sink only counts tokens: a cancelled request is settled with
-the tokens it actually used.
+Protocol, for one generate worker (one `DeltaFlusher`) and each engine attempt of a request whose
+reply_to asks for a stream (one `DeltaSink`):
+1. The engine calls the sink's `piece()` with each new piece (text, token ids, logprobs) inside its
+   output loop; it never waits here.
+2. The sink's Coalescer gathers the piece (coalesce.py). When it asks to go at once (the attempt's
+   first piece, or `max_tokens` waiting), or the worker's throttle window has passed since the last
+   flush, the flusher flushes now; otherwise one timer, for the whole worker, flushes when it has.
+3. A flush takes the waiting chunk of every sink, in the order they began waiting; each chunk's
+   text goes through its sink's un-masker (security/stream_unmask.py): placeholders are restored
+   whole where the tenant allows it, and kept whole where it does not.
+4. One writer task hands each flush's deltas to the producer, in order and without yielding in
+   between, to the caller's partition of `deltas` (the number of its reply partition): the deltas
+   of all streams for one partition share a produce request. A failed send is counted and logged,
+   never raised: a delta is a preview, and the terminal answer carries the whole text.
+5. `finish()` sends at once what the sink has pending and what its un-masker held, as the
+   attempt's `last` delta; `abandon()` (a failed or cancelled attempt) drops what is pending. Both
+   return once the writer has handed the sink's deltas to the producer.
+Without a stream (no flusher) the sink only counts tokens: a cancelled request is settled with the
+tokens it actually used.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 
@@ -28,104 +33,158 @@ from pydantic import BaseModel, Field
 from pipeline.contracts.stream import Delta
 from pipeline.runtime.codec import encode
 from pipeline.security.stream_unmask import StreamUnmasker
-from pipeline.stages.generate.coalesce import Chunk, Coalescer
+from pipeline.stages.generate.coalesce import Chunk, Coalescer, Throttle
 
 log = logging.getLogger(__name__)
 
-
 class StreamPolicy(BaseModel):
-    window_ms: float = Field(25.0, gt=0, description="at most one delta per window while tokens come faster")
-    max_tokens: int = Field(16, ge=1, description="a delta goes once this many tokens wait, window or not")
+    window_ms: float = Field(25.0, gt=0, description="the worker's streams flush together at most once per window "
+                                                     "while tokens come faster; no piece waits longer")
+    max_tokens: int = Field(16, ge=1, description="an attempt's delta goes once this many tokens wait, window or not")
 
 
 def _now_ms() -> float:
     return time.monotonic() * 1000
 
 
-class DeltaSink:
-    def __init__(self, request_id: str, attempt: str, *, producer=None, topic: str = "", partition: int = 0,
-                 unmasker: StreamUnmasker | None = None, window_ms: float = 25.0, max_tokens: int = 16) -> None:
-        self.request_id, self.attempt = request_id, attempt
-        self.producer, self.topic, self.partition = producer, topic, partition
-        self.publish = producer is not None and bool(topic)
-        self.unmasker = unmasker or StreamUnmasker(None, restore=False)
-        self.coalescer = Coalescer(window_ms=window_ms, max_tokens=max_tokens)
-        self.tokens = 0  # generated so far (what a cancelled request used)
-        self.sent = 0  # deltas handed to the producer
-        self.failed = 0
-        self.first_ms: float | None = None  # monotonic ms of the first delta queued
-        self._timer: asyncio.TimerHandle | None = None
-        self._queue: asyncio.Queue[Delta | None] = asyncio.Queue()
-        self._writer: asyncio.Task | None = None
-        self._closed = False
+class DeltaFlusher:
+    """Steps 2-4 for every streaming attempt of one worker; `stop()` when the worker stops."""
 
-    def piece(self, text: str, token_ids: list[int], logprobs: list[float] | None) -> None:
-        """Step 1-2 (the engine's OnDelta)."""
-        self.tokens += len(token_ids)
-        if not self.publish or self._closed:
-            return
+    def __init__(self, producer, topic: str, *, window_ms: float = 25.0, max_tokens: int = 16) -> None:
+        self.producer, self.topic = producer, topic
+        self.throttle = Throttle(window_ms)
+        self.max_tokens = max_tokens
+        self.flushes = 0
+        self.failed = 0
+        self._waiting: dict[DeltaSink, None] = {}  # an ordered set
+        self._timer: asyncio.TimerHandle | None = None
+        self._queue: asyncio.Queue[list[tuple[DeltaSink, Delta | asyncio.Future]] | None] = asyncio.Queue()
+        self._writer: asyncio.Task | None = None
+
+    def sink(self, request_id: str, attempt: str, partition: int,
+             unmasker: StreamUnmasker | None = None) -> "DeltaSink":
+        return DeltaSink(request_id, attempt, flusher=self, partition=partition, unmasker=unmasker)
+
+    def wait(self, sink: "DeltaSink", urgent: bool) -> None:
+        """Step 2."""
+        self._waiting[sink] = None
         now = _now_ms()
-        chunk = self.coalescer.add(text, token_ids, logprobs, now)
-        if chunk is not None:
-            self._queue_chunk(chunk)
+        if urgent or self.throttle.due(now):
+            self._flush(now)
         elif self._timer is None:
-            self._timer = asyncio.get_running_loop().call_later(self.coalescer.wait_ms(now) / 1000, self._tick)
+            self._timer = asyncio.get_running_loop().call_later(self.throttle.wait_ms(now) / 1000, self._tick)
+
+    def drop(self, sink: "DeltaSink") -> None:
+        self._waiting.pop(sink, None)
 
     def _tick(self) -> None:
         self._timer = None
-        if self._closed:
-            return
-        now = _now_ms()
-        if self.coalescer.due(now):
-            chunk = self.coalescer.take(now)
-            if chunk is not None:
-                self._queue_chunk(chunk)
+        if self._waiting:
+            self._flush(_now_ms())
 
-    def _queue_chunk(self, chunk: Chunk, last: bool = False) -> None:
-        """Step 3-4 (the last chunk also takes what the un-masker held back)."""
-        text = self.unmasker.feed(chunk.text) + (self.unmasker.flush() if last else "")
-        if self._writer is None:
-            self._writer = asyncio.create_task(self._write(), name=f"deltas-{self.request_id[:8]}")
-        if self.first_ms is None:
-            self.first_ms = _now_ms()
-        self._queue.put_nowait(Delta(request_id=self.request_id, attempt=self.attempt, seq=chunk.seq, text=text,
-                                     token_ids=chunk.token_ids, logprobs=chunk.logprobs, last=last))
-
-    async def _write(self) -> None:
-        assert self.producer is not None
-        key = self.request_id.encode()
-        while (d := await self._queue.get()) is not None:
-            try:
-                await self.producer.send(self.topic, encode(d), key=key, partition=self.partition)
-                self.sent += 1
-            except Exception as exc:  # noqa: BLE001 - a preview lost; the terminal answer is whole
-                self.failed += 1
-                if self.failed == 1:
-                    log.warning("generate: a delta of a request could not be sent: %s", type(exc).__name__)
-
-    async def finish(self) -> None:
-        """Step 5, after the attempt succeeded."""
-        if not self.publish or self._closed:
-            return
-        self._stop_timer()
-        chunk = self.coalescer.take(_now_ms(), even_empty=True)
-        assert chunk is not None
-        self._queue_chunk(chunk, last=True)
-        await self._drain()
-
-    async def abandon(self) -> None:
-        """Step 5, after the attempt failed or was cancelled: what waits is dropped."""
-        self._stop_timer()
-        await self._drain()
-
-    def _stop_timer(self) -> None:
-        self._closed = True
+    def _flush(self, now: float) -> None:
+        """Step 3."""
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
+        batch: list[tuple[DeltaSink, Delta | asyncio.Future]] = []
+        for sink in self._waiting:
+            chunk = sink.coalescer.take()
+            if chunk is not None:
+                batch.append((sink, sink.delta(chunk)))
+        self._waiting.clear()
+        self.throttle.sent(now)
+        self.flushes += 1
+        self.hand(batch)
 
-    async def _drain(self) -> None:
+    def hand(self, batch: list[tuple["DeltaSink", Delta | asyncio.Future]]) -> None:
+        if not batch:
+            return
+        if self._writer is None:
+            self._writer = asyncio.create_task(self._write(), name="deltas-writer")
+        self._queue.put_nowait(batch)
+
+    async def _write(self) -> None:
+        """Step 4 (a future in a batch is set once the deltas before it were handed over)."""
+        while (batch := await self._queue.get()) is not None:
+            for sink, item in batch:
+                if isinstance(item, asyncio.Future):
+                    if not item.done():
+                        item.set_result(None)
+                    continue
+                try:
+                    await self.producer.send(self.topic, encode(item), key=sink.key, partition=sink.partition)
+                    sink.sent += 1
+                except Exception as exc:  # noqa: BLE001 - a preview lost; the terminal answer is whole
+                    sink.failed += 1
+                    self.failed += 1
+                    if self.failed == 1:
+                        log.warning("generate: a delta of a request could not be sent: %s", type(exc).__name__)
+
+    async def stop(self, timeout_s: float = 5.0) -> None:
+        """Idempotent: hands over what was queued (bounded), then ends the writer."""
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        writer, self._writer = self._writer, None
+        if writer is None:
+            return
+        self._queue.put_nowait(None)
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(asyncio.shield(writer), timeout_s)
+        writer.cancel()
+        await asyncio.gather(writer, return_exceptions=True)
+
+
+class DeltaSink:
+    """One attempt's side of the protocol (steps 1, 3 and 5)."""
+
+    def __init__(self, request_id: str, attempt: str, *, flusher: DeltaFlusher | None = None, partition: int = 0,
+                 unmasker: StreamUnmasker | None = None) -> None:
+        self.request_id, self.attempt, self.partition = request_id, attempt, partition
+        self.key = request_id.encode()
+        self.flusher = flusher
+        self.unmasker = unmasker or StreamUnmasker(None, restore=False)
+        self.coalescer = Coalescer(max_tokens=flusher.max_tokens if flusher else 16)
+        self.tokens = 0  # generated so far (what a cancelled request used)
+        self.sent = 0  # deltas handed to the producer
+        self.failed = 0
+        self.first_ms: float | None = None  # monotonic ms of the first delta made
+        self._closed = False
+
+    def piece(self, text: str, token_ids: list[int], logprobs: list[float] | None) -> None:
+        """Step 1 (the engine's OnDelta)."""
+        self.tokens += len(token_ids)
+        if self.flusher is None or self._closed:
+            return
+        self.flusher.wait(self, self.coalescer.add(text, token_ids, logprobs))
+
+    def delta(self, chunk: Chunk, last: bool = False) -> Delta:
+        """Step 3 (the last chunk also takes what the un-masker held back)."""
+        text = self.unmasker.feed(chunk.text) + (self.unmasker.flush() if last else "")
+        if self.first_ms is None:
+            self.first_ms = _now_ms()
+        return Delta(request_id=self.request_id, attempt=self.attempt, seq=chunk.seq, text=text,
+                     token_ids=chunk.token_ids, logprobs=chunk.logprobs, last=last)
+
+    async def finish(self) -> None:
+        """Step 5, after the attempt succeeded."""
+        if self.flusher is None or self._closed:
+            return
+        chunk = self.coalescer.take(even_empty=True)
+        assert chunk is not None
+        await self._close([(self, self.delta(chunk, last=True))])
+
+    async def abandon(self) -> None:
+        """Step 5, after the attempt failed or was cancelled: what waits is dropped."""
+        if self.flusher is None or self._closed:
+            return
+        await self._close([])
+
+    async def _close(self, batch: list[tuple["DeltaSink", Delta | asyncio.Future]]) -> None:
+        assert self.flusher is not None
         self._closed = True
-        if self._writer is not None:
-            self._queue.put_nowait(None)
-            await asyncio.shield(self._writer)
+        self.flusher.drop(self)
+        done = asyncio.get_running_loop().create_future()
+        self.flusher.hand([*batch, (self, done)])
+        await asyncio.shield(done)

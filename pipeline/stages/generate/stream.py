@@ -6,7 +6,8 @@ reply_to asks for a stream (one `DeltaSink`):
    output loop; it never waits here.
 2. The sink's Coalescer gathers the piece (coalesce.py). When it asks to go at once (the attempt's
    first piece, or `max_tokens` waiting), or the worker's throttle window has passed since the last
-   flush, the flusher flushes now; otherwise one timer, for the whole worker, flushes when it has.
+   flush, the flusher flushes in the next loop turn; otherwise one timer, for the whole worker,
+   flushes when the window has passed.
 3. A flush takes the waiting chunk of every sink, in the order they began waiting; each chunk's
    text goes through its sink's un-masker (security/stream_unmask.py): placeholders are restored
    whole where the tenant allows it, and kept whole where it does not.
@@ -58,6 +59,7 @@ class DeltaFlusher:
         self.failed = 0
         self._waiting: dict[DeltaSink, None] = {}  # an ordered set
         self._timer: asyncio.TimerHandle | None = None
+        self._soon = False  # a flush is due in the next loop turn
         self._queue: asyncio.Queue[list[tuple[DeltaSink, Delta | asyncio.Future]] | None] = asyncio.Queue()
         self._writer: asyncio.Task | None = None
 
@@ -66,18 +68,29 @@ class DeltaFlusher:
         return DeltaSink(request_id, attempt, flusher=self, partition=partition, unmasker=unmasker)
 
     def wait(self, sink: "DeltaSink", urgent: bool) -> None:
-        """Step 2."""
+        """Step 2. "At once" is the next loop turn: the pieces an engine step made for several
+        requests arrive in one turn (vLLM wakes every request's output stream together), and go in
+        one flush."""
         self._waiting[sink] = None
+        if self._soon:
+            return
+        loop = asyncio.get_running_loop()
         now = _now_ms()
         if urgent or self.throttle.due(now):
-            self._flush(now)
+            self._soon = True
+            loop.call_soon(self._flush_soon)
         elif self._timer is None:
-            self._timer = asyncio.get_running_loop().call_later(self.throttle.wait_ms(now) / 1000, self._tick)
+            self._timer = loop.call_later(self.throttle.wait_ms(now) / 1000, self._flush_timed)
 
     def drop(self, sink: "DeltaSink") -> None:
         self._waiting.pop(sink, None)
 
-    def _tick(self) -> None:
+    def _flush_soon(self) -> None:
+        self._soon = False
+        if self._waiting:
+            self._flush(_now_ms())
+
+    def _flush_timed(self) -> None:
         self._timer = None
         if self._waiting:
             self._flush(_now_ms())

@@ -144,7 +144,8 @@ class DeltaFlusher:
             return
         self._queue.put_nowait(None)
         with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(asyncio.shield(writer), timeout_s)
+            async with asyncio.timeout(timeout_s):
+                await asyncio.shield(writer)
         writer.cancel()
         await asyncio.gather(writer, return_exceptions=True)
 

@@ -233,7 +233,9 @@ class VllmEngine:
         params = SamplingParams(max_tokens=min(sampling.max_tokens, self.max_model_len - len(ids)),
                                 temperature=sampling.temperature, top_p=sampling.top_p, seed=sampling.seed,
                                 logprobs=1 if sampling.logprobs else None, structured_outputs=structured)
-        (prompt,) = await self.engine.renderer.render_cmpl_async([TokensPrompt(prompt_token_ids=ids)])
+        # the synchronous renderer: token ids need no tokenizer thread, and the async one's three gathers
+        # cost a loop turn each, which a burst of requests pays in turn (3.6-4.9 ms p50 -> 0.6 ms, 8 at once)
+        (prompt,) = self.engine.renderer.render_cmpl([TokensPrompt(prompt_token_ids=ids)])
         t0 = time.perf_counter()
         first: float | None = None
         last = t0

@@ -4,9 +4,12 @@ door's fast 503 (`broker_unavailable`) while it cannot publish.
 Protocol:
 
 1. `start()` begins a probe loop on an aiokafka client this process already has (the producer's):
-   every `interval_s` it asks for the cluster metadata, bounded by `timeout_s`. The broker is up
-   when the answer lists every topic in `needed` (a restarted embedded broker answers before its
-   topics are applied again: publishing there would fail).
+   every `interval_s` it asks for the metadata of the topics in `needed` only, never creating them,
+   bounded by `timeout_s`. The broker is up when the answer has every one of them with partitions
+   (a restarted embedded broker answers before its topics are applied again: publishing there
+   would fail). Not the whole cluster's metadata: on the stack (22 topics, 121 partitions) parsing
+   it cost 2.7 ms of CPU per probe in every worker and the door, once a second, in one block of
+   their event loops.
 2. While the broker is down the probe backs off: each failed probe doubles the wait, with jitter,
    up to `max_interval_s`; the first good answer drops it back to `interval_s`.
 3. A caller that saw a publish fail or time out says so with `failed()`: the broker counts as down
@@ -25,6 +28,8 @@ import random
 import time
 from typing import Any
 
+from aiokafka.errors import KafkaError
+from aiokafka.protocol.metadata import MetadataRequest
 from prometheus_client import Counter, Gauge
 
 log = logging.getLogger(__name__)
@@ -74,15 +79,24 @@ class BrokerWatch:
         self.probes += 1
         try:
             async with asyncio.timeout(self.timeout_s):
-                md = await self.client.fetch_all_metadata()
+                found = await self._topics_with_partitions()
         except TimeoutError:
             return False, f"no metadata answer within {self.timeout_s:g} s"
         except Exception as exc:  # noqa: BLE001 - whatever the client raises, the broker is not usable
             return False, f"metadata request failed: {type(exc).__name__}"
-        missing = [t for t in self.needed if not md.partitions_for_topic(t)]
+        missing = [t for t in self.needed if t not in found]
         if missing:
             return False, f"the broker answers but lacks topic(s) {', '.join(missing)}"
         return True, "metadata answered with every topic"
+
+    async def _topics_with_partitions(self) -> set[str]:
+        """The topics of `needed` that the broker has, with at least one partition and no error."""
+        node = self.client.get_random_node()
+        if node is None:
+            raise KafkaError("no broker known")
+        resp = await self.client.send(node, MetadataRequest(self.needed, allow_auto_topic_creation=False))
+        # each topic: (error_code, name, [is_internal,] partitions)
+        return {t[1] for t in resp.topics if t[0] == 0 and t[-1]}
 
     async def _loop(self) -> None:
         wait_s = self.interval_s

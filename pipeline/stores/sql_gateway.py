@@ -3,11 +3,12 @@
 chDB allows one process per directory, so in the embedded stack `llmpipe sql` posts its query
 to this endpoint of the sink process; against a ClickHouse server it queries directly.
 
-Read-only is enforced by ClickHouse: analysts' SQL runs with the setting readonly=1
-(`Warehouse.query_readonly`), which refuses writes, DDL, setting changes and the table functions
-that reach outside the warehouse. `check_read_only` is a cheap syntactic pre-check in front of it:
-defence in depth, and the only guard where readonly=1 is none (measured, chDB 26.9): system.*
-stays readable, and in chDB the scalar file() and INTO OUTFILE still read and write files. Every
+Read-only is enforced in three layers (`analyst_query`): a textual check that lexes the query as
+ClickHouse does, an allow-list over ClickHouse's own parse of it (pipeline.stores.sql_check), and
+the setting readonly=1 (`Warehouse.query_readonly`), which refuses writes, DDL, setting changes
+and most table functions. The checks are the only guard where readonly=1 is none (measured, chDB
+26.9): system.* stays readable, and in chDB the scalar file() and INTO OUTFILE still read and
+write files, with no file sandbox to fall back on (see query_readonly). Every
 admin endpoint but /health and /metrics needs `Authorization: Bearer <admin token>`
 (DATA_DIR/secrets/admin.token, or settings.secrets.admin_token). docs/ARCHITECTURE.md has the why.
 """
@@ -34,62 +35,24 @@ from pydantic import BaseModel
 from starlette.responses import Response
 
 from pipeline.runtime.asgi import AsgiServer
+from pipeline.stores.sql_check import (  # noqa: F401 - re-exported: the gateway's checks and lists
+    ALLOWED_SYSTEM_TABLES,
+    ALLOWED_TABLE_FUNCTIONS,
+    REFUSED_FUNCTIONS,
+    SqlError,
+    check_read_only,
+    check_tree,
+)
 from pipeline.stores.warehouse import QueryResult, Warehouse
 
 if TYPE_CHECKING:
     from pipeline.config.settings import Settings
 
-_STATEMENTS = ("SELECT", "WITH", "SHOW", "DESCRIBE", "DESC", "EXPLAIN", "EXISTS")
-_FIRST_WORD = re.compile(r"^\s*(SELECT|WITH|SHOW|DESCRIBE|DESC|EXPLAIN|EXISTS)\b", re.IGNORECASE)
-# SHOW forms about the warehouse's own tables; SHOW PROCESSLIST, GRANTS, USERS, SETTINGS, ACCESS,
-# CLUSTERS... are about the server and other users, and are refused
-_SHOW_ALLOWED = re.compile(
-    r"^\s*SHOW\s+(?:(?:(?:FULL\s+)?(?:TEMPORARY\s+)?TABLES|DATABASES|(?:EXTENDED\s+)?(?:FULL\s+)?(?:COLUMNS|FIELDS)"
-    r"|(?:EXTENDED\s+)?(?:INDEX|INDEXES|INDICES|KEYS))\b"
-    r"|CREATE\s+(?:(?:TEMPORARY\s+)?(?:TABLE|VIEW)\s+|(?!(?:USER|USERS|ROLE|ROLES|ROW|POLICY|POLICIES|QUOTA|QUOTAS"
-    r"|SETTINGS|PROFILE|PROFILES|DATABASE|DICTIONARY|FUNCTION|NAMED|MASKING|TEMPORARY)\b))\w)",
-    re.IGNORECASE)
-# Table functions (and the scalar `file`, `catboostEvaluate`) that reach outside the warehouse:
-# files, URLs, object stores, other servers and databases, programs, stdin, the calling Python
-# process (chDB's python, arrowstream), and other databases of this server (merge, loop,
-# mergeTreeIndex... can name `system`). readonly=1 refuses most of them, but not the scalar
-# file(), merge() nor mergeTreeIndex() (measured, chDB 26.9). The complete list of chDB's
-# table functions is checked against this one and ALLOWED_TABLE_FUNCTIONS in
-# tests/test_sql_gateway.py, so an upgrade that adds one fails a test until it is classified.
-REFUSED_FUNCTIONS = frozenset(name.lower() for name in """
-    file fileCluster url urlCluster s3 s3Cluster gcs oss cosn hdfs hdfsCluster
-    azureBlobStorage azureBlobStorageCluster remote remoteSecure cluster clusterAllReplicas
-    executable mysql postgresql jdbc odbc sqlite mongodb redis input hive
-    deltaLake deltaLakeCluster deltaLakeS3 deltaLakeAzure deltaLakeLocal deltaLakeS3Cluster deltaLakeAzureCluster
-    iceberg icebergS3 icebergAzure icebergHDFS icebergLocal icebergCluster icebergS3Cluster icebergAzureCluster
-    icebergHDFSCluster hudi hudiCluster paimon paimonS3 paimonAzure paimonHDFS paimonLocal
-    arrowFlight arrowflight ytsaurus prometheusQuery prometheusQueryRange timeSeriesData timeSeriesMetrics
-    timeSeriesTags timeSeriesSelector merge loop mergeTreeIndex mergeTreeAnalyzeIndexes mergeTreeProjection
-    mergeTreePartInfo mergeTreeAnalyzeIndexesUUID mergeTreeCodecBlockCounts mergeTreeTextIndex
-    timeSeriesMetricFamilies timeSeriesSamples icebergLocalCluster paimonCluster paimonAzureCluster
-    paimonHDFSCluster paimonS3Cluster bigquery python arrowstream eval
-    dictionary viewIfPermitted viewExplain filesystem filesystemCluster catboostEvaluate
-""".split())
-# The harmless table functions: generators and inline data, nothing outside the query
-ALLOWED_TABLE_FUNCTIONS = frozenset(name.lower() for name in """
-    numbers numbers_mt zeros zeros_mt generate_series generateSeries primes values SQLStandardValues null view
-    format generateRandom fuzzJSON fuzzQuery
-""".split())
-# system.* holds other users' queries, settings, users and grants, logs: only these, which carry
-# nothing but constants, stay readable (e.g. `SELECT 1 FROM system.one`)
-ALLOWED_SYSTEM_TABLES = frozenset({"one", "numbers", "numbers_mt", "zeros", "zeros_mt"})
-_SYSTEM_REF = re.compile(r"\b(system|information_schema)\b(\s*\.\s*(\w+))?", re.IGNORECASE)
-_CALL = re.compile(r"\b([A-Za-z_]\w*)\s*\(")
-_SETTINGS = re.compile(r"\bSETTINGS\b", re.IGNORECASE)
-_OUTFILE = re.compile(r"\bOUTFILE\b", re.IGNORECASE)
-_INSERT = re.compile(r"\bINSERT\s+INTO\b", re.IGNORECASE)
-_IDENTIFIER_PARAM = re.compile(r"\{\s*\w+\s*:\s*Identifier\s*\}", re.IGNORECASE)
-_HEREDOC = re.compile(r"\$(\w*)\$")
 ADMIN_TOKEN_FILE = "admin.token"
-
-
-class SqlError(RuntimeError):
-    pass
+# a server-side {name:Type} placeholder, as clickhouse-connect finds them (binding.external_bind_re):
+# without one it would format the parameters into the text itself, after the checks
+_PLACEHOLDER = re.compile(r"\{\w+:[^}]+\}")
+_PARAMETER_NAME = re.compile(r"[A-Za-z_]\w*")
 
 
 class SqlRequest(BaseModel):
@@ -102,99 +65,33 @@ class SqlAnswer(BaseModel):
     rows: list[list[Any]]
 
 
-def _clean(sql: str) -> str:
-    """`sql` with comments removed, string literals emptied and quoted identifiers unquoted, so a
-    quoted word cannot look like a keyword and a comment or a quote cannot hide one."""
-    out: list[str] = []
-    i, n = 0, len(sql)
-    while i < n:
-        c = sql[i]
-        if c == "-" and sql.startswith("--", i) or c == "#":
-            j = sql.find("\n", i)
-            i = n if j < 0 else j
-            out.append(" ")
-        elif c == "/" and sql.startswith("/*", i):
-            depth, i = 1, i + 2  # ClickHouse nests /* */ comments
-            while i < n and depth:
-                if sql.startswith("/*", i):
-                    depth, i = depth + 1, i + 2
-                elif sql.startswith("*/", i):
-                    depth, i = depth - 1, i + 2
-                else:
-                    i += 1
-            if depth:
-                raise SqlError("unterminated /* comment")
-            out.append(" ")
-        elif c in "'\"`":
-            j, text = i + 1, []
-            while True:
-                if j >= n:
-                    raise SqlError(f"unterminated {c} quote")
-                if sql[j] == "\\" and j + 1 < n:
-                    text.append(sql[j + 1])
-                    j += 2
-                elif sql[j] == c and sql.startswith(c * 2, j):
-                    text.append(c)
-                    j += 2
-                elif sql[j] == c:
-                    break
-                else:
-                    text.append(sql[j])
-                    j += 1
-            i = j + 1
-            # a literal becomes '' ; an identifier its name ("system"."users" is system.users)
-            out.append(" '' " if c == "'" else re.sub(r"\W", "_", "".join(text)) or "_")
-        elif c == "$" and (m := _HEREDOC.match(sql, i)):
-            end = sql.find(m.group(0), m.end())
-            if end < 0:
-                raise SqlError("unterminated $$ string")
-            i = end + len(m.group(0))
-            out.append(" '' ")
-        else:
-            out.append(c)
-            i += 1
-    return "".join(out)
-
-
-def check_read_only(sql: str) -> None:
-    """Refuse what an analyst's statement may not do, before ClickHouse sees it: one statement of
-    SELECT/WITH/SHOW/DESCRIBE/EXPLAIN/EXISTS, no INTO OUTFILE, no SETTINGS clause, no table function
-    that reaches outside the warehouse, no system.* / information_schema (but ALLOWED_SYSTEM_TABLES),
-    no {name:Identifier} parameter (it could name any table). Not the guarantee: readonly=1 is."""
-    clean = _clean(sql).strip()
-    while clean.endswith(";"):
-        clean = clean[:-1].rstrip()
-    if not _FIRST_WORD.match(clean) or ";" in clean:
-        raise SqlError(f"only one read-only statement ({', '.join(_STATEMENTS)}) is accepted")
-    if clean[:4].upper() == "SHOW" and not _SHOW_ALLOWED.match(clean):
-        raise SqlError("read-only SQL: of SHOW only TABLES, DATABASES, COLUMNS, INDEX and CREATE TABLE are accepted")
-    if _OUTFILE.search(clean):  # readonly=1 does not stop it in chDB: this check does
-        raise SqlError("read-only SQL: INTO OUTFILE is refused")
-    if _INSERT.search(clean):  # e.g. WITH ... INSERT INTO
-        raise SqlError("read-only SQL: INSERT is refused")
-    if _IDENTIFIER_PARAM.search(clean):
-        raise SqlError("read-only SQL: {name:Identifier} parameters are refused")
-    for m in _CALL.finditer(clean):
-        if m.group(1).lower() in REFUSED_FUNCTIONS:
-            raise SqlError(f"read-only SQL: {m.group(1)}() reaches outside the warehouse and is refused")
-    for m in _SYSTEM_REF.finditer(clean):
-        db, table = m.group(1).lower(), (m.group(3) or "").lower()
-        if not (db == "system" and table in ALLOWED_SYSTEM_TABLES):
-            raise SqlError(f"read-only SQL: {m.group(1)}{'.' + m.group(3) if table else ''} is refused "
-                           f"(of system.* only {', '.join(sorted(ALLOWED_SYSTEM_TABLES))} are readable)")
-    if _SETTINGS.search(clean):
-        raise SqlError("read-only SQL: a SETTINGS clause is refused")
-
-
 def analyst_query(warehouse: Warehouse, sql: str, parameters: dict[str, Any] | None = None) -> QueryResult:
-    """The one path of untrusted SQL: the pre-check, then ClickHouse with readonly=1."""
+    """The one path of untrusted SQL (issue 35). The textual check; ClickHouse's own formatting of
+    the query as one statement (the query is a string parameter of formatQuerySingleLine: nothing
+    of it runs, and several statements are refused); the textual check again on that formatting;
+    the allow-list over ClickHouse's parse of it (EXPLAIN AST: parses, runs nothing); then that
+    same formatted statement runs with readonly=1. What was checked is what runs."""
     from clickhouse_connect.driver.exceptions import ClickHouseError
 
     check_read_only(sql)
     try:
-        return warehouse.query_readonly(sql, parameters)
+        statement = warehouse.format_readonly(sql)
+        check_read_only(statement)
+        parameters = _server_side(statement, parameters or {})
+        check_tree(warehouse.explain_readonly(statement, parameters), statement)
+        return warehouse.query_readonly(statement, parameters)
     except ClickHouseError as exc:  # the analyst's mistake: ClickHouse's message is the answer, not a traceback
         raise SqlError(" ".join(str(exc).split())) from None
+
+
+def _server_side(statement: str, parameters: dict[str, Any]) -> dict[str, Any]:
+    """The parameters, bound by ClickHouse as typed values: none where the statement has no
+    {name:Type} placeholder (an unused parameter changes nothing), so clickhouse-connect never
+    formats them into the text (`%(name)s`) after the checks."""
+    for name in parameters:
+        if not _PARAMETER_NAME.fullmatch(name):
+            raise SqlError(f"parameter name {name!r} is not an identifier")
+    return parameters if _PLACEHOLDER.search(statement) else {}
 
 
 # ---- the admin token ---------------------------------------------------------------------------

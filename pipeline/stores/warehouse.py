@@ -73,6 +73,12 @@ def migrations(directory: Path | None = None) -> list[tuple[int, str, str]]:
     return out
 
 
+def statements(sql: str) -> list[str]:
+    """A migration's statements (`;`-separated; a part that is only comments is none)."""
+    parts = (s.strip() for s in sql.split(";"))
+    return [p for p in parts if p and not all(line.strip().startswith("--") for line in p.splitlines())]
+
+
 class Warehouse:
     """A thread-safe handle: chDB serialises its queries; a server client is reused per thread."""
 
@@ -83,8 +89,9 @@ class Warehouse:
         self._analyst: Client | None = None  # query_readonly's own client, opened on first use
         self._lock = threading.Lock()
 
-    def migrate(self) -> list[str]:
-        """Apply numbered migrations not applied yet; safe to run any number of times."""
+    def migrate(self, until: int | None = None) -> list[str]:
+        """Apply numbered migrations not applied yet (up to `until`, a test's older warehouse); safe
+        to run any number of times."""
         with self._lock:
             self.client.command(
                 "CREATE TABLE IF NOT EXISTS schema_migrations (version UInt32, name String, "
@@ -93,11 +100,10 @@ class Warehouse:
             done = {r[0] for r in self.client.query("SELECT version FROM schema_migrations FINAL").result_rows}
             applied = []
             for version, name, sql in migrations():
-                if version in done:
+                if version in done or (until is not None and version > until):
                     continue
-                for statement in (s.strip() for s in sql.split(";")):
-                    if statement and not all(line.strip().startswith("--") for line in statement.splitlines()):
-                        self.client.command(statement)
+                for statement in statements(sql):
+                    self.client.command(statement)
                 self.client.insert("schema_migrations", [[version, name]], column_names=["version", "name"])
                 applied.append(name)
             return applied
@@ -119,7 +125,10 @@ class Warehouse:
         readonly=1 refuses writes, DDL, setting changes (`SETTINGS readonly=0` in the query too) and
         the table functions file, url, remote, executable. It does NOT stop the scalar `file()` nor
         `INTO OUTFILE` in chDB (clickhouse-local mode), nor reads of system.*: those are refused by
-        sql_gateway.check_read_only in front of this (measured, chDB 26.9).
+        sql_gateway.analyst_query's checks in front of this (measured, chDB 26.9). chDB has no file
+        sandbox to add under them (measured): `user_files_path` does not confine file() nor INTO
+        OUTFILE in clickhouse-local mode, and its only user may neither revoke its own FILE grant
+        (no grant option) nor create a user without it.
 
         The query runs on its own client, never the one the sink inserts through: clickhouse-connect's
         chDB backend applies per-call settings of an INSERT-looking query with SET and cannot restore
@@ -128,13 +137,42 @@ class Warehouse:
         HTTP request).
         """
         with self._lock:
-            if self._analyst is None:
-                client = connect(self.dsn, *self._creds)
-                if is_embedded(self.dsn):
-                    client.command("SET readonly = 1")
-                self._analyst = client
-            r = self._analyst.query(sql, parameters=parameters or {}, settings=READONLY_SETTINGS)
+            r = self._analyst_client().query(sql, parameters=parameters or {}, settings=READONLY_SETTINGS)
         return QueryResult(columns=list(r.column_names), rows=[tuple(row) for row in r.result_rows])
+
+    def format_readonly(self, sql: str) -> str:
+        """ClickHouse's own single-line formatting of one statement. The statement is a string
+        parameter of formatQuerySingleLine: nothing of it runs, and several statements, or one
+        that does not parse, are ClickHouse's error."""
+        with self._lock:
+            r = self._analyst_client().query("SELECT formatQuerySingleLine({q:String})", parameters={"q": sql},
+                                             settings=self._parse_settings())
+        return str(r.result_rows[0][0])
+
+    def explain_readonly(self, statement: str, parameters: dict[str, Any] | None = None) -> list[str]:
+        """ClickHouse's parse of one statement (`format_readonly`'s output), as EXPLAIN AST's lines:
+        it parses and runs nothing (tested: file() is not read, INTO OUTFILE not written)."""
+        with self._lock:
+            r = self._analyst_client().query(f"EXPLAIN AST {statement}", parameters=parameters or {},
+                                             settings=self._parse_settings())
+        return [str(row[0]) for row in r.result_rows]
+
+    def _parse_settings(self) -> dict[str, Any] | None:
+        # clickhouse-connect's chDB backend appends per-call settings to the text as a SETTINGS
+        # clause, which the parse would show as the query's own: that client is readonly for good
+        return None if is_embedded(self.dsn) else READONLY_SETTINGS
+
+    def _analyst_client(self) -> Client:
+        """The analysts' client, opened on first use (the caller holds the lock). In chDB it is set
+        readonly=1 for good, after switching off introspection functions (addressToLine,
+        demangle...; on by default in chDB 26.9: measured), which readonly=1 then keeps off."""
+        if self._analyst is None:
+            client = connect(self.dsn, *self._creds)
+            if is_embedded(self.dsn):
+                client.command("SET allow_introspection_functions = 0")
+                client.command("SET readonly = 1")
+            self._analyst = client
+        return self._analyst
 
     def close(self) -> None:
         with self._lock:

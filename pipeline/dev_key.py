@@ -61,8 +61,9 @@ async def ensure_dev_tenant(settings: Settings, bootstrap: str) -> bool | None:
     try:
         await producer.send_and_wait(topic, encode(TenantUpsert(tenant=tenant, limits={})),
                                      key=f"tenant:{tenant}".encode())
-        await producer.send_and_wait(topic, encode(ApiKeyIssued(tenant=tenant, key_sha256=digest, principal="dev")),
-                                     key=f"key:{digest}".encode())
+        # the developer's own key may ask for rollouts (`llmpipe rollouts submit`: mask's default rollout_role)
+        issued = ApiKeyIssued(tenant=tenant, key_sha256=digest, principal="dev", roles=["rollouts"])
+        await producer.send_and_wait(topic, encode(issued), key=f"key:{digest}".encode())
     finally:
         await producer.stop()
     return created

@@ -147,3 +147,115 @@ async def test_deployment_limits_spill_to_the_next_deployment_and_never_fall_bac
     assert placed == {"a|a,c": 3, "b|b,c": 1, "c|c": 6}, placed
     rows = [e for e in await evidence(broker, names) if e.stage == "admit" and e.decision == "admitted"]
     assert Counter(e.reason for e in rows) == {"within limits on a": 3, "within limits on b": 1, "within limits on c": 6}
+
+
+# ---- request ids: a replay is refused, a redelivery is not (in process, no broker) -----------------
+
+class _Tokens:
+    """A stand-in for the chat tokenizer: admit only counts the prompt's tokens."""
+
+    class _Ids:
+        def __init__(self, text: str) -> None:
+            self.ids = text.split()
+
+    class _Backend:
+        def encode(self, text: str, add_special_tokens: bool = False):
+            return _Tokens._Ids(text)
+
+    backend_tokenizer = _Backend()
+
+    def apply_chat_template(self, messages, add_generation_prompt: bool = True, tokenize: bool = False) -> str:
+        return " ".join(m["content"] for m in messages)
+
+
+def _admit(tmp_path, **limits):
+    from pipeline.config.settings import Settings, StageSpec
+    from pipeline.runtime.stage import StageContext
+    from pipeline.stages.admit.stage import AdmitStage
+
+    s = Settings(data_dir=tmp_path, stages=[StageSpec(name="admit")],
+                 tenants=[{"name": t, "limits": limits or None} for t in ("acme", "globex")])
+    stage = AdmitStage(StageContext(spec=s.stage("admit"), settings=s, runtime=s.runtime))
+    stage.tokenizer = _Tokens()
+    return stage
+
+
+def _req(rid: str, origin: str | None, tenant: str = "acme", **kw):
+    from pipeline.contracts import RequestDoc
+    return RequestDoc(request_id=rid, tenant_id=tenant, origin=origin,
+                      body={"messages": [{"role": "user", "content": "hi there"}]}, **kw)
+
+
+def _released(stage, rid: str, tenant: str = "acme"):
+    from pipeline.contracts import AdmitRelease
+    return stage.on_side_input("admit.release", AdmitRelease(request_id=rid, tenant_id=tenant, status="ok",
+                                                             answered_by="postprocess"))
+
+
+async def test_a_replayed_request_id_is_refused_and_a_redelivered_record_is_not(tmp_path):
+    stage = _admit(tmp_path)
+    first = await stage.process(_req("r1", "0:10"))
+    assert first.response is None and first.doc.admission is not None
+    # the same record again (a rebalance, a crash before commit): goes on as before, counted once
+    again = await stage.process(_req("r1", "0:10"))
+    assert again.response is None and not again.parked and again.doc.admission is not None
+    # another record with the id while the first runs: dropped, so the caller's one answer stays its own
+    replay = await stage.process(_req("r1", "3:99"))
+    assert replay.parked and replay.response is None and replay.evidence[0].decision == "duplicate_dropped"
+    assert replay.evidence[0].stage == "admit.replay", "the original's admit row is not replaced"
+    await _released(stage, "r1")
+    # once answered: a replay gets a clean refusal; a redelivery of the first record is still silent
+    late = await stage.process(_req("r1", "4:7"))
+    assert late.response is not None and late.response.error_class == "duplicate_request"
+    assert late.response.status == "rejected" and late.doc.admission is None
+    assert late.doc.tenant_id is None, "answered tenant-less: its row never replaces the original's"
+    redelivered = await stage.process(_req("r1", "0:10"))
+    assert redelivered.parked and redelivered.evidence[0].decision == "already_answered"
+    # another tenant's id never collides; a caller's retry (attempt + 1) is a new decision
+    assert (await stage.process(_req("r1", "5:1", tenant="globex"))).doc.admission is not None
+    assert (await stage.process(_req("r1", "5:2", attempt=1))).doc.admission is not None
+    assert [h.decided_key for h in stage.states["acme"].holds.values()] == ["r1/1"], "r1/0 settled, counted once"
+
+
+async def test_request_ids_are_bounded_per_tenant_and_survive_a_restart(tmp_path):
+    from pipeline.contracts import AdmitStateRecord
+    from pipeline.runtime.codec import encode
+
+    stage = _admit(tmp_path, max_request_ids=2)
+    side = []
+    for i in range(3):
+        side += (await stage.process(_req(f"r{i}", f"0:{i}"))).side
+    assert list(stage.request_ids.by_tenant["acme"]) == ["r1/0", "r2/0"], "the oldest is forgotten past the cap"
+    # the hold records carry the record that took each id: a restarted admit refuses the replay too
+    fresh = _admit(tmp_path, max_request_ids=2)
+    for rec in side:
+        if rec.topic == "admit.state" and rec.value is not None:
+            fresh._restore(0, decode(encode(rec.value), AdmitStateRecord).root)
+    assert fresh.request_ids.origin_of("acme", "r2/0") == "0:2"
+    await _released(fresh, "r2")
+    out = await fresh.process(_req("r2", "1:50"))
+    assert out.response is not None and out.response.error_class == "duplicate_request"
+
+
+async def test_idempotency_claims_are_bounded_per_tenant(tmp_path):
+    from pipeline.contracts import Response, Status
+
+    stage = _admit(tmp_path, max_idempotency_claims=2)
+    for i in range(2):
+        out = await stage.process(_req(f"k{i}", f"0:{i}", idempotency_key=f"key-{i}"))
+        assert out.doc.admission is not None
+    # both still running: a third key is refused with a clear error, not held
+    full = await stage.process(_req("k2", "0:2", idempotency_key="key-2"))
+    assert full.response is not None and full.response.error_class == "too_many_idempotency_keys"
+    assert len(stage.claims["acme"]) == 2
+    # k0 finished: a new key forgets the oldest finished claim (a tombstone on the changelog)
+    from pipeline.contracts import AdmitRelease
+    await stage.on_side_input("admit.release", AdmitRelease(
+        request_id="k0", tenant_id="acme", status="ok", answered_by="postprocess",
+        response=Response(request_id="k0", tenant_id="acme", status=Status.ok, answered_by="postprocess")))
+    out = await stage.process(_req("k3", "0:3", idempotency_key="key-3"))
+    assert out.doc.admission is not None and len(stage.claims["acme"]) == 2
+    assert any(r.key and r.key.startswith(b"i/acme/") and r.value is None for r in out.side), "k0's claim dropped"
+    await _released(stage, "k1")
+    again = await stage.process(_req("k4", "0:4", idempotency_key="key-0"))
+    assert again.response is None and again.doc.admission is not None, "a forgotten key runs afresh"

@@ -182,6 +182,35 @@ def _caller_key(s: Settings, api_key: str | None, tenant: str | None = None) -> 
     return api_key if api_key or tenant else read_dev_key(s.resolved_data_dir())
 
 
+def _local_signer(s: Settings) -> Callable[[Any], Any] | None:
+    """Issue 35, low 15: talking to the stack `llmpipe up` runs on this data dir, the CLI holds the
+    keyring door and mask share, so it signs a caller assertion like the door and the key stays
+    off `requests`. A key it cannot place (issued on `control`) travels as before; mask checks
+    either. None: another broker (--bootstrap), whose keyring this data dir may not have."""
+    from pipeline.dev_key import read_dev_key
+    from pipeline.registries.tenants import Caller, TenantRegistry, key_hash, key_id
+    from pipeline.security.caller_assertion import sign
+    from pipeline.security.sealing import keyring_for
+    from pipeline.stack import running_stack
+
+    if s.bootstrap or running_stack(s.resolved_data_dir()) is None:
+        return None
+    keyring, registry = keyring_for(s), TenantRegistry(s.tenants, s.tenant_defaults)
+    dev = read_dev_key(s.resolved_data_dir())
+
+    def signed(doc: Any) -> Any:
+        if doc.api_key is None or doc.caller_assertion is not None:
+            return doc
+        caller = registry.authenticate(doc.api_key)
+        if caller is None and doc.api_key == dev and s.auth.dev_tenant:  # dev_key.py issues it so
+            caller = Caller(s.auth.dev_tenant, "dev", ("rollouts",), key_id(key_hash(dev)))
+        if caller is None or doc.tenant_id not in (None, caller.tenant):
+            return doc
+        bare = doc.model_copy(update={"api_key": None, "tenant_id": caller.tenant})
+        return bare.model_copy(update={"caller_assertion": sign(bare, caller, keyring)})
+    return signed
+
+
 def _stage_policy(s: Settings, stage: str, model: Any) -> Any:
     """The configured policy of `stage` as `model` (a pydantic model): its defaults when the
     topology has no such stage."""
@@ -212,6 +241,7 @@ def _send_lines(s: Settings, file: Path, label: str, **run_load_args: Any) -> An
         progress, advance = _progress(label, len(lines))
         with progress:
             async with Client(bs, topic_prefix=prefix, security=s.kafka, doorbell_dir=_stack_doorbell(s)) as client:
+                client.sign = _local_signer(s)
                 to_doc = (lambda line: make_doc(client, line)) if make_doc else None
                 return await run_load(client, lines, on_done=advance, to_doc=to_doc, **run_load_args)
 

@@ -19,6 +19,7 @@ from pipeline.cli.common import (
     DataDir,
     Json,
     _caller_key,
+    _local_signer,
     _print_json,
     _progress,
     _send_lines,
@@ -73,10 +74,14 @@ def submit(prompt: Annotated[str, typer.Option("--prompt", help="the user messag
 
     async def run() -> Any:
         async with Client(bs, topic_prefix=prefix, security=s.kafka, doorbell_dir=_stack_doorbell(s)) as client:
+            client.sign = _local_signer(s)  # the key stays off `requests` (issue 35, low 15)
             doc = client.build(body=body, timeout_s=timeout, api_key=_caller_key(s, api_key, tenant),
                                idempotency_key=idempotency_key, tenant_id=tenant)
             if not stream:
                 return await client.request(doc, timeout + 5), None
+            from pipeline.security.sealing import keyring_for  # the operator's CLI: opens sealed deltas
+
+            client.delta_keyring = keyring_for(s)
             return await _print_stream(client, doc, timeout + 5, json)
 
     resp, streamed = asyncio.run(run())

@@ -27,6 +27,12 @@ class TenantLimits(RateLimits):
     deployments: dict[str, RateLimits] = Field(default_factory=dict,
                                                description="per (tenant, deployment) limits, by deployment name")
     idempotency_window_s: int = Field(86_400, ge=1, description="how long an idempotency key's result is kept")
+    max_idempotency_claims: int = Field(10_000, ge=1, description="idempotency keys (each with its sealed answer) "
+                                        "admit holds for the tenant: past it the oldest finished one is forgotten")
+    max_request_ids: int = Field(50_000, ge=1, description="request ids admit remembers for the tenant (a replayed "
+                                 "one is refused `duplicate_request`): past it the oldest is forgotten")
+    feedback_rpm: int | None = Field(None, ge=0, description="feedback records per minute (a long text counts "
+                                                             "more); None: the rpm, or 600 when that is unlimited")
 
 
 class ApiKeySpec(BaseModel):

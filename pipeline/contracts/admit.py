@@ -82,6 +82,7 @@ class HoldRecord(WireModel):
     deployment: str | None = None
     attempt: int = 0
     settled: bool = False
+    origin: str | None = Field(None, description="the `requests` record that took this request id (admit's replay check)")
     totals: TenantTotals | None = None
     share: ShareWindow | None = None
 

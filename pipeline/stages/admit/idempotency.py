@@ -1,5 +1,9 @@
 """Idempotency keys: the first request with a key claims it; duplicates get its result (at once if
-known, else parked and answered when it arrives), or `in_progress` when they cannot wait."""
+known, else parked and answered when it arrives), or `in_progress` when they cannot wait.
+
+A tenant holds at most `max_idempotency_claims` claims (each a sealed answer in admit's memory
+and on `admit.state`): a new claim past it forgets the tenant's oldest finished one (that key
+then runs afresh), and is refused `too_many_idempotency_keys` when none has finished."""
 
 from __future__ import annotations
 
@@ -32,7 +36,9 @@ class Idempotency:
     # claims ---------------------------------------------------------------------------
 
     def _remember(self, c: Claim) -> None:
-        self.claims[c.tenant][c.key_digest] = c
+        claims = self.claims[c.tenant]
+        claims.pop(c.key_digest, None)  # kept in the order last written: the oldest first
+        claims[c.key_digest] = c
         if c.state == "in_progress":
             self.claim_of[c.request_id] = c
         heapq.heappush(self._claim_expiry, (c.expires_ms, c.tenant, c.key_digest))
@@ -65,13 +71,33 @@ class Idempotency:
         self.claims[c.tenant].pop(c.key_digest, None)
         return [self._duplicate(w, c, resp, "duplicate_answered") for w in c.waiters], [self._claim(c, gone=True)]
 
-    def _idempotency(self, doc: RequestDoc, tenant: str, now: int) -> Outcome | Claim:
-        """Claim the request's key, or decide for a duplicate: the original's result, park, or in_progress."""
+    def _make_room(self, tenant: str, side: list[SideRecord]) -> bool:
+        """Below the tenant's cap on claims, forgetting its oldest finished ones if need be (their
+        tombstones into `side`); False when every claim held is still running."""
+        claims = self.claims[tenant]
+        cap = self.registry.limits_for(tenant).max_idempotency_claims
+        while len(claims) >= cap:
+            oldest = next((c for c in claims.values() if c.state == "done"), None)
+            if oldest is None:
+                return False
+            del claims[oldest.key_digest]
+            side.append(self._claim(oldest, gone=True))
+        return True
+
+    def _idempotency(self, doc: RequestDoc, tenant: str, now: int,
+                     side: list[SideRecord] | None = None) -> Outcome | Claim:
+        """Claim the request's key, or decide for a duplicate: the original's result, park, or in_progress.
+        Claims forgotten to make room go into `side`."""
         assert doc.idempotency_key is not None
         digest = key_digest(doc.idempotency_key, doc.principal)
         c = self.claims[tenant].get(digest)
         if c is not None and c.state == "done" and c.expires_ms <= now:
             c = None  # past the window: a new execution
+        if c is None and not self._make_room(tenant, side if side is not None else []):
+            resp = Response(request_id=doc.request_id, status=Status.rejected, error_class="too_many_idempotency_keys",
+                            reason="this tenant holds as many running idempotency keys as it may; retry shortly",
+                            retry_after_ms=1000, answered_by=self.name)
+            return Outcome.answer(doc, resp, self.evidence(doc, "rejected", "too_many_idempotency_keys"))
         if c is None:
             c = Claim(tenant=tenant, key_digest=digest, request_id=doc.request_id, state="in_progress", at_ms=now,
                       expires_ms=now + self._window_ms(tenant))

@@ -11,7 +11,8 @@ never exceed it). A request is admitted on the first deployment in route's order
 
 Idempotency keys: the first request with a key claims it; duplicates get its result (at once if
 known, else parked and answered when it arrives on `admit.release`), or `in_progress` when they
-cannot wait.
+cannot wait. A request id the tenant already used, on another record, is a replay: dropped or
+answered `duplicate_request` (request_ids.py).
 
 Every state change is written to `admit.state` (partition = the tenant's admit partition, produced
 with the decision's outputs, so before its input offset is committed) and restored when a worker
@@ -62,6 +63,7 @@ from pipeline.stages.admit.policy import (
     roll,
     settle,
 )
+from pipeline.stages.admit.request_ids import Replays, RequestIds
 from pipeline.stages.admit.state import STATE_TOPIC, AdmitState
 from pipeline.stages.generate.lora.refusal import adapter_refusal
 
@@ -76,6 +78,8 @@ class AdmitPolicy(BaseModel):
     restore_timeout_s: float = Field(120.0, gt=0)
     remember_settled_ms: int = Field(600_000, ge=0, description="how long a finished request id is remembered, so "
                                                                 "a copy redelivered after a crash is not run again")
+    remember_request_ids_ms: int = Field(900_000, ge=0, description="how long a request id stays taken (another "
+                                         "record with it is a replay): longer than mask's assertion_max_age_s")
 
 
 def worst_case_cost(deployments: list[Deployment], tokens_in: int, max_tokens: int) -> float:
@@ -91,7 +95,7 @@ def split_share(limit: int | None, partitions: int, p: int) -> int | None:
     return limit // partitions + (1 if p < limit % partitions else 0)
 
 
-class AdmitStage(AdmitState, Idempotency, Stage):
+class AdmitStage(AdmitState, Idempotency, Replays, Stage):
     # One record per processor: the runtime sends a batch's outputs when the whole batch is decided,
     # so a waiting request in a batch would hold back an admitted one whose completion it waits for.
     max_batch = 1
@@ -109,6 +113,7 @@ class AdmitStage(AdmitState, Idempotency, Stage):
         self.claims: dict[str, dict[str, Claim]] = defaultdict(dict)  # tenant -> key digest -> claim
         self.claim_of: dict[str, Claim] = {}  # request_id -> the claim it owns
         self._claim_expiry: list[tuple[int, str, str]] = []  # heap of (expires_ms, tenant, digest)
+        self.request_ids = RequestIds()
         self.queued: dict[str, int] = defaultdict(int)
         self.changed: dict[str, asyncio.Event] = defaultdict(asyncio.Event)
         self.tokenizer = None
@@ -215,13 +220,17 @@ class AdmitStage(AdmitState, Idempotency, Stage):
         return lanes
 
     async def process(self, doc: RequestDoc) -> Outcome:
-        """1. expire idempotency claims; 2. refuse an adapter the tenant may not use, answer a duplicate
-        of a keyed request (or claim its key); 3. decide under the tenant's limits: admit, reject, or
-        wait for a completion and decide again."""
+        """1. expire idempotency claims, end a replayed request id (request_ids.py); 2. refuse an
+        adapter the tenant may not use, answer a duplicate of a keyed request (or claim its key);
+        3. decide under the tenant's limits: admit, reject, or wait for a completion and decide again."""
         if doc.tenant_id is None:  # published past mask: metered as `anonymous`, and answered as it
             doc = doc.model_copy(update={"tenant_id": ANONYMOUS_TENANT})  # so its release comes back here
         tenant = doc.tenant_id or ANONYMOUS_TENANT
         side: list[SideRecord] = self._expire_claims(now_ms())
+        replayed = self._replayed(doc, tenant, now_ms())
+        if replayed is not None:
+            replayed.side[:0] = side
+            return replayed
         early = self._before_deciding(doc, tenant, side)
         if isinstance(early, Outcome):
             return early
@@ -237,7 +246,7 @@ class AdmitStage(AdmitState, Idempotency, Stage):
             return out
         if not (tenant and doc.idempotency_key):
             return None
-        got = self._idempotency(doc, tenant, now_ms())
+        got = self._idempotency(doc, tenant, now_ms(), side)
         if isinstance(got, Outcome):
             got.side[:0] = side
             return got

@@ -56,7 +56,8 @@ class AdmitState:
         return self._rec(tenant, f"h/{tenant}/{h.decided_key}", HoldRecord(
             tenant=tenant, request_id=h.request_id, at_ms=h.at_ms, tokens=h.tokens, cost_usd=h.cost_usd,
             expires_ms=settled_until if settled_until is not None else h.expires_ms, deployment=h.deployment,
-            attempt=h.attempt, settled=settled, totals=self._totals(tenant) if with_totals else None,
+            attempt=h.attempt, settled=settled, origin=self.request_ids.origin_of(tenant, h.decided_key),
+            totals=self._totals(tenant) if with_totals else None,
             share=self._share(tenant, h.deployment) if with_totals else None))
 
     def _claim(self, c: Claim, gone: bool = False) -> SideRecord:
@@ -92,6 +93,9 @@ class AdmitState:
 
     def _restore(self, p: int, rec: BaseModel) -> None:
         if isinstance(rec, HoldRecord):
+            if rec.origin is not None:  # remembered while its record lives (until its settled copy is forgotten)
+                self.request_ids.restore(rec.tenant, decided_key(rec.request_id, rec.attempt), rec.origin,
+                                         rec.at_ms + self.policy.remember_request_ids_ms)
             s = self.states[rec.tenant]
             if rec.settled:
                 s.settled[decided_key(rec.request_id, rec.attempt)] = rec.expires_ms
@@ -139,6 +143,7 @@ class AdmitState:
             for c in self.claims.pop(t).values():
                 if self.claim_of.get(c.request_id) is c:
                     del self.claim_of[c.request_id]
+        self.request_ids.forget([t for t in self.request_ids.by_tenant if self.partition_of(t) in partitions])
         for p in partitions:
             self.shares.pop(p, None)
 

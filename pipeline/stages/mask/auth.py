@@ -1,6 +1,9 @@
 """Who is calling: an API key checked against the tenant registry, or a front door's caller assertion
 that stands for a key it checked. The key never travels past the stage that checks it (mask for
-requests, feedback for feedback)."""
+requests, feedback for feedback).
+
+Who the caller is comes from the key's config alone: a producer's own `principal`, `roles` and
+`key_id` are dropped (with auth off too), as are stage sections it filled in itself."""
 
 from __future__ import annotations
 
@@ -10,9 +13,17 @@ from pipeline.contracts import RequestDoc
 from pipeline.contracts.feedback import Feedback
 from pipeline.contracts.request import ANONYMOUS_TENANT
 from pipeline.registries.tenants import Caller, TenantRegistry
+from pipeline.security.caller_assertion import UNSIGNED
 from pipeline.security.caller_assertion import AssertionRefused
 from pipeline.security.caller_assertion import verify as verify_assertion
 from pipeline.security.sealing import Keyring
+
+
+# UNSIGNED but `origin` is what only the pipeline writes: a producer's values are dropped on
+# entry (a forged `route`, `admission` or `cache` section must never steer a later stage), and
+# the caller is filled in from the key alone.
+_LISTS = ("roles", "timings")
+DEFAULT_ASSERTION_MAX_AGE_MS = 600_000  # the door's longest deadline (http.max_timeout_s)
 
 
 @dataclass(frozen=True)
@@ -24,13 +35,16 @@ class Identified:
 
 
 def identify(doc: RequestDoc | Feedback, registry: TenantRegistry, required: bool,
-             keyring: Keyring | None = None) -> Identified:
-    """The caller behind `doc`'s key or the door's assertion for it, or why there is none."""
+             keyring: Keyring | None = None, max_age_ms: int | None = DEFAULT_ASSERTION_MAX_AGE_MS) -> Identified:
+    """The caller behind `doc`'s key or the door's assertion for it, or why there is none. A
+    request's assertion expires after `max_age_ms`; feedback's never does (it is stored once per
+    feedback_id whatever its age, and a backlog must not lose it)."""
     if doc.caller_assertion is not None and doc.api_key is None:
         if keyring is None:
             return Identified(None, None, "unauthenticated", "caller assertions are not accepted here")
         try:
-            vouched = verify_assertion(doc.caller_assertion, doc, keyring)
+            vouched = verify_assertion(doc.caller_assertion, doc, keyring,
+                                       max_age_ms=max_age_ms if isinstance(doc, RequestDoc) else None)
         except AssertionRefused as exc:
             return Identified(None, None, "unauthenticated", str(exc))
         caller = registry.by_key_id(vouched.key_id)
@@ -51,17 +65,27 @@ def identify(doc: RequestDoc | Feedback, registry: TenantRegistry, required: boo
     return Identified(caller, caller.tenant, None, f"key {caller.key_id}")
 
 
-def authenticate(doc: RequestDoc, registry: TenantRegistry, required: bool,
-                 keyring: Keyring | None = None) -> tuple[RequestDoc, str | None, str]:
-    """(doc with the key stripped and the caller filled in, rejection class or None, reason).
-    The key never travels past this stage; only its key id reaches evidence. A front door's
-    caller assertion stands for a key it verified (pipeline.security.caller_assertion)."""
-    who = identify(doc, registry, required, keyring)
-    stripped = doc.model_copy(update={"api_key": None, "caller_assertion": None})
-    if who.refused is not None:
-        return stripped, who.refused, who.reason
+def authenticate(doc: RequestDoc, registry: TenantRegistry, required: bool, keyring: Keyring | None = None,
+                 max_age_ms: int | None = DEFAULT_ASSERTION_MAX_AGE_MS) -> tuple[RequestDoc, str | None, str]:
+    """(doc with the key, the producer's own caller fields and stage sections stripped and the
+    verified caller filled in, rejection class or None, reason). The key never travels past this
+    stage; only its key id reaches evidence. A front door's caller assertion stands for a key it
+    verified (pipeline.security.caller_assertion)."""
+    who = identify(doc, registry, required, keyring, max_age_ms)
+    reset = {f: ([] if f in _LISTS else None) for f in UNSIGNED if f != "origin"}
+    stripped = doc.model_copy(update=reset)
+    if who.refused is not None:  # no tenant verified: a claimed one never reaches the answer or its rows
+        return stripped.model_copy(update={"tenant_id": None}), who.refused, who.reason
     if who.caller is None:
         return stripped.model_copy(update={"tenant_id": who.tenant}), None, who.reason
     c = who.caller
     return stripped.model_copy(update={"tenant_id": c.tenant, "principal": c.principal, "roles": list(c.roles),
                                        "key_id": c.key_id}), None, who.reason
+
+
+def rollout_refusal(doc: RequestDoc, role: str | None) -> str | None:
+    """Why this caller may not ask for rollouts (n samples, scored by hooks): the role must come
+    from its API key's config, which `authenticate` alone fills in. None: allowed."""
+    if doc.rollout is None or role is None or role in doc.roles:
+        return None
+    return f"a rollout request needs the role `{role}`, which no API key of this caller's grants"

@@ -14,7 +14,7 @@ SCRIPT = r"""
 import json, sys
 from pipeline.config.feedback import FeedbackSettings
 from pipeline.contracts import Evidence, Feedback, Response
-from pipeline.rollouts import feedback_export_rows, feedback_selector
+from pipeline.rollouts import TenantScope, feedback_export_rows, feedback_selector
 from pipeline.stores import warehouse_rows as rows
 from pipeline.stores.sql_gateway import analyst_query
 from pipeline.stores.warehouse import Warehouse
@@ -32,9 +32,9 @@ answers = [
 ]
 w.insert("requests", rows.REQUESTS_COLUMNS, [rows.request_row(r) for r in answers])
 w.insert("decisions", rows.DECISIONS_COLUMNS, [rows.decision_row(e) for e in [
-    Evidence(request_id="r-adapter", stage="generate", decision="stop",
+    Evidence(request_id="r-adapter", tenant_id="acme", stage="generate", decision="stop",
              revisions={"model": "smol@sha256:aa", "adapter": "r1", "tokenizer": "tok@1", "chat_template": "tpl@1"}),
-    Evidence(request_id="r-adapter", stage="route", decision="support", policy_version="route-v7"),
+    Evidence(request_id="r-adapter", tenant_id="acme", stage="route", decision="support", policy_version="route-v7"),
 ]])
 feedback = [
     Feedback(feedback_id="down", request_id="r-adapter", metric="thumbs_up", value=False, tenant_id="acme"),
@@ -58,7 +58,7 @@ res = q("SELECT feedback_id, request_id, generated_token_ids, logprobs, tokenize
 out["candidates"] = [list(r) for r in res.rows]
 s = FeedbackSettings()
 for sel in ("thumbs_up<=0", "thumbs_up", "task_success"):
-    cols, rs = feedback_export_rows(q, *feedback_selector(sel, s))
+    cols, rs = feedback_export_rows(q, *feedback_selector(sel, s), tenants=TenantScope.of(["acme"]))
     out[sel] = [dict(zip(cols, r)) for r in rs]
 print(json.dumps(out, default=str))
 """

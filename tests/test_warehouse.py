@@ -47,3 +47,70 @@ def test_migrations_apply_twice_and_rows_dedupe(tmp_path):
     again = run(tmp_path / "wh", "again")  # a restart re-applies nothing and re-inserts dedupe
     assert again.returncode == 0, again.stderr
     assert again.stdout.strip() == "ok 0"
+
+
+# Identities are the tenant's (issue 35, findings 5 and 6): rows of two tenants that chose the same
+# feedback_id / request_id are both kept, and the feedback views join each tenant's own rows.
+IDENTITIES = r"""
+import sys
+from pipeline.stores.warehouse import Warehouse, migrations, statements
+from pipeline.stores import warehouse_rows as rows
+from pipeline.contracts import Evidence, Feedback, Response, Rollout
+w = Warehouse("chdb://" + sys.argv[1])
+upgrade = sys.argv[2] == "upgrade"
+w.migrate(until=16 if upgrade else None)  # upgrade: the warehouse as it was, its rows written, then 017
+T = 1_700_000_000_000
+def answer(tenant, status, route):
+    return Response(request_id="req-7", tenant_id=tenant, status=status, answered_by="postprocess", route=route,
+                    actor_revision="m@1", finished_ms=T)
+def sample(tenant, score):
+    return Rollout(sample_id="req-7:0", group_id="g1", request_id="req-7", tenant_id=tenant, actor_revision="m@1",
+                   temperature=1.0, top_p=1.0, max_tokens=8, prompt_token_ids=[1], generated_token_ids=[2],
+                   logprobs=[-0.1], finish_reason="stop", score=score, created_ms=T)
+def decision(tenant, version):
+    return Evidence(request_id="req-7", tenant_id=tenant, stage="route", decision="simple", policy_version=version,
+                    finished_ms=T)
+def fb(tenant, value):
+    return Feedback(feedback_id="fb-42", request_id="req-7", metric="thumbs_up", value=value, tenant_id=tenant,
+                    created_ms=T)
+# acme first, then globex reusing both ids (a later insert: it would win a shared key)
+for tenant, status, value, score in (("acme", "ok", True, 1.0), ("globex", "error", False, 0.0)):
+    w.insert("requests", rows.REQUESTS_COLUMNS, [rows.request_row(answer(tenant, status, f"route-{tenant}"))])
+    w.insert("rollouts", rows.ROLLOUTS_COLUMNS, [rows.rollout_row(sample(tenant, score))])
+    w.insert("decisions", rows.DECISIONS_COLUMNS, [rows.decision_row(decision(tenant, f"pol-{tenant}"))])
+    w.insert("feedback", rows.FEEDBACK_COLUMNS, [rows.feedback_row(fb(tenant, value))])
+if upgrade:
+    assert "017_tenant_keys" in w.migrate()
+    # a crash part-way (a table swapped, the old one not dropped yet) and 017 not recorded: it runs
+    # again from the start, and keeps every row
+    rekey = statements(next(sql for version, _, sql in migrations() if version == 17))
+    swapped = next(i for i, st in enumerate(rekey) if st.startswith("EXCHANGE"))
+    for statement in rekey[:swapped + 1] + rekey:
+        w.client.command(statement)
+for table in ("requests", "rollouts", "decisions", "feedback"):
+    w.query(f"OPTIMIZE TABLE {table} FINAL")  # a merge: what FINAL would keep forever
+got = {t: w.query(f"SELECT tenant_id FROM {t} FINAL ORDER BY tenant_id").rows
+       for t in ("requests", "rollouts", "decisions", "feedback")}
+assert all(v == [("acme",), ("globex",)] for v in got.values()), got
+joined = w.query("SELECT tenant_id, value_float, status, route, route_policy_version FROM feedback_joined "
+                 "ORDER BY tenant_id").rows
+assert joined == [("acme", 1.0, "ok", "route-acme", "pol-acme"),
+                  ("globex", 0.0, "error", "route-globex", "pol-globex")], joined
+means = w.query("SELECT tenant_id, group_mean_score, group_size FROM training_samples ORDER BY tenant_id").rows
+assert means == [("acme", 1.0, 1), ("globex", 0.0, 1)], means
+print("ok")
+"""
+
+
+def test_ids_of_two_tenants_never_replace_each_other(tmp_path):
+    r = subprocess.run([sys.executable, "-c", IDENTITIES, str(tmp_path / "wh"), "fresh"], cwd=ROOT,
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0 and r.stdout.strip() == "ok", r.stderr[-3000:]
+
+
+def test_migration_017_keeps_an_existing_warehouses_rows_and_rekeys_them(tmp_path):
+    """An existing warehouse (migrations up to 016, rows written under the old keys, colliding ones
+    not merged yet) is rebuilt by 017 with every row kept."""
+    r = subprocess.run([sys.executable, "-c", IDENTITIES, str(tmp_path / "wh"), "upgrade"], cwd=ROOT,
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0 and r.stdout.strip() == "ok", r.stderr[-3000:]

@@ -6,6 +6,17 @@
 Answers are correlated by request_id; delivery is at-least-once, so duplicates are dropped
 (the first answer wins) and counted in `client.duplicates`.
 
+Ids are the caller's, so anyone may send a request with an id that is pending here and reply_to
+this partition (issue 35, finding 6). An answer or a delta is taken only from the tenant the
+request was sent as (its `tenant_id`; mask answers with the verified tenant): another tenant's is
+dropped and counted (`client.foreign`). An answer with no tenant is taken only when it is an error
+(a refusal before mask knew who sent it: a bad key, a deadline passed in the queue), so the worst
+such a sender can do is end the request early with an error, never show it text. A request sent
+with no tenant (a Kafka producer known by its key alone, or auth off) takes any tenant's.
+
+Cancelling needs the request's cancel secret (runtime/cancels.py): `build` puts the digest of one
+derived from this client's own random key in the request, and `cancel` sends the secret.
+
 Streaming: `async for event in client.stream(doc)` yields the answer's pieces as generate sends
 them (`delta/v1` on `deltas`, the partition numbered like this client's reply partition), then
 one `Ended` with the terminal answer; ingress/stream_follow.py says what is shown when attempts
@@ -15,31 +26,40 @@ change. Leaving the loop early publishes a `cancel` record: the pipeline stops w
 from __future__ import annotations
 
 import asyncio
+import hashlib
+import hmac
 import logging
+import os
 import random
 import time
 import uuid
 from collections import OrderedDict
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.errors import KafkaError
+from prometheus_client import Counter
 
 from pipeline.config.settings import KafkaSecurity, kafka_kwargs
 from pipeline.contracts import Cancel, Delta, Feedback, ReplyTo, RequestDoc, Response, Status
 from pipeline.contracts.base import now_ms
 from pipeline.contracts.request import ChatBody, ChatMessage
-from pipeline.ingress.stream_follow import Ended, Piece, StreamFollower
+from pipeline.ingress.stream_follow import Ended, Piece, StreamFollower, readable
 from pipeline.runtime.bellpoll import BellPoller
 from pipeline.runtime.broker_epoch import rewind_on_restart
+from pipeline.runtime.cancels import digest as cancel_digest
 from pipeline.runtime.codec import decode, encode, request_headers
 from pipeline.runtime.doorbell import Bell, producer_class
 from pipeline.runtime.errors import DecodeError
 from pipeline.runtime.topics import TopicNames
+from pipeline.security.sealing import Keyring
 
 log = logging.getLogger(__name__)
+
+_FOREIGN = Counter("llmpipe_client_foreign_records", "answers and deltas for a pending request that came from "
+                   "another tenant than the one it was sent as: dropped", ("kind",))
 
 
 class ClientTimeout(TimeoutError):
@@ -87,11 +107,21 @@ class Client:
         self.remember_answered = 100_000
         self.duplicates = 0
         self.unknown = 0
+        self.foreign = 0  # answers and deltas of another tenant for a pending id: dropped
+        # request_id -> the tenant it was sent as, while pending (bounded like `_answered`)
+        self._sent_as: OrderedDict[str, str | None] = OrderedDict()
+        self._cancel_key = os.urandom(32)  # derives each request's cancel secret; never leaves this client
         self._reader: asyncio.Task | None = None
         self._closing = False
         self._streams: dict[str, asyncio.Queue[Delta | Response]] = {}
+        # opens deltas generate sealed (its `stream.seal`); the door sets it. Without it a sealed piece is
+        # skipped and counted here, and the stream shows the terminal answer's text whole
+        self.delta_keyring: Keyring | None = None
+        self.sealed_unread = 0
         self.streams_on = False  # the `deltas` partition of this reply partition is read
         self._background: set[asyncio.Task] = set()
+        # set by a CLI that holds the stack's keyring: replaces a doc's API key by a caller assertion
+        self.sign: Callable[[RequestDoc], RequestDoc] | None = None
 
     async def start(self) -> "Client":
         cls, extra = producer_class(self.doorbell_dir)
@@ -164,11 +194,29 @@ class Client:
                 raise ValueError("give a prompt or a body")
             body = ChatBody(messages=[ChatMessage(role="user", content=prompt)])
         created = now_ms()
+        rid = request_id or uuid.uuid4().hex
+        fields.setdefault("cancel_digest", cancel_digest(self.cancel_secret(rid)))
         return RequestDoc(
-            request_id=request_id or uuid.uuid4().hex, body=body, created_ms=created,
+            request_id=rid, body=body, created_ms=created,
             deadline_ms=fields.pop("deadline_ms", created + int(1000 * (timeout_s or self.default_timeout_s))),
             reply_to=self.reply_to, **fields,
         )
+
+    def cancel_secret(self, request_id: str) -> str:
+        """The secret that cancels `request_id` as sent by this client (its digest is in the request)."""
+        return hmac.new(self._cancel_key, request_id.encode(), hashlib.sha256).hexdigest()
+
+    def _sending(self, doc: RequestDoc) -> RequestDoc:
+        """Remember the tenant `doc` is sent as; give an unsigned doc built elsewhere a cancel digest."""
+        if doc.cancel_digest is None and doc.caller_assertion is None:  # before signing: the digest is signed
+            doc = doc.model_copy(update={"cancel_digest": cancel_digest(self.cancel_secret(doc.request_id))})
+        if self.sign is not None:  # the doc is final here (a stream's reply_to included)
+            doc = self.sign(doc)
+        self._sent_as[doc.request_id] = doc.tenant_id
+        self._sent_as.move_to_end(doc.request_id)
+        if len(self._sent_as) > self.remember_answered:
+            self._sent_as.popitem(last=False)
+        return doc
 
     async def submit(self, doc: RequestDoc) -> asyncio.Future[Response]:
         """Publish; the returned future resolves with the first answer for doc.request_id."""
@@ -176,6 +224,7 @@ class Client:
         fut = self._pending.get(doc.request_id)
         if fut is None:
             fut = self._pending[doc.request_id] = asyncio.get_running_loop().create_future()
+        doc = self._sending(doc)
         headers = request_headers(doc.request_id, doc.tenant_id, doc.deadline_ms, doc.attempt, doc.traceparent)
         try:
             await self._publish(self.entry_topic, encode(doc), doc.request_id, headers)
@@ -226,6 +275,7 @@ class Client:
             if fut is None:
                 fut = self._pending[doc.request_id] = asyncio.get_running_loop().create_future()
             futs.append(fut)
+            doc = self._sending(doc)
             headers = request_headers(doc.request_id, doc.tenant_id, doc.deadline_ms, doc.attempt, doc.traceparent)
             acks.append(await self.producer.send(self.entry_topic, encode(doc), key=doc.request_id.encode(),
                                                  headers=headers))
@@ -244,11 +294,13 @@ class Client:
             self._pending.pop(request_id, None)
             raise ClientTimeout(f"no answer for {request_id} within {timeout_s or self.default_timeout_s:.0f}s") from None
 
-    async def cancel(self, request_id: str, reason: str = "caller") -> None:
+    async def cancel(self, request_id: str, reason: str = "caller", secret: str | None = None) -> None:
         """Withdraw a request: the worker generating it stops, a stage it has not reached skips it,
-        and its terminal answer is `cancelled` (runtime/cancels.py)."""
+        and its terminal answer is `cancelled` (runtime/cancels.py). `secret`: the request's cancel
+        secret when another client sent it (by default this client's own)."""
         assert self.producer is not None, "start() the client first"
-        await self._publish(self.names.cancel, encode(Cancel(request_id=request_id, reason=reason)), request_id)
+        c = Cancel(request_id=request_id, reason=reason, secret=secret or self.cancel_secret(request_id))
+        await self._publish(self.names.cancel, encode(c), request_id)
 
     def cancel_soon(self, request_id: str, reason: str = "caller") -> None:
         """`cancel` from code that may not await (a cancelled task's cleanup); stop() waits for it."""
@@ -302,6 +354,9 @@ class Client:
                 except TimeoutError:
                     raise ClientTimeout(f"no answer for {rid} within {timeout_s or self.default_timeout_s:.0f}s") from None
                 if isinstance(item, Delta):
+                    if not _same_sender(doc.tenant_id, item.tenant_id, None):
+                        self._foreign("delta", rid)
+                        continue
                     piece = follower.delta(item)
                     if piece is not None:
                         yield piece
@@ -340,8 +395,16 @@ class Client:
             self.unknown += 1
             return
         queue = self._streams.get(d.request_id)
-        if queue is not None:  # else: another caller's stream on a shared partition, or one given up on
-            queue.put_nowait(d)
+        if queue is None:  # another caller's stream on a shared partition, or one given up on
+            return
+        shown = readable(d, self.delta_keyring)
+        if shown is None:
+            self.sealed_unread += 1
+            if self.sealed_unread == 1:
+                log.warning("client: deltas are sealed and %s: streams show the terminal answer only",
+                            "this client has no keyring" if self.delta_keyring is None else "do not open with its keyring")
+            return
+        queue.put_nowait(shown)
 
     def _deliver(self, value: bytes | None) -> None:
         try:
@@ -349,7 +412,18 @@ class Client:
         except DecodeError:
             self.unknown += 1
             return
+        rid = resp.request_id
+        if rid in self._pending and rid in self._sent_as and not _same_sender(self._sent_as[rid], resp.tenant_id, resp):
+            self._foreign("answer", rid)
+            return
+        self._sent_as.pop(rid, None)
         self._deliver_response(resp)
+
+    def _foreign(self, kind: str, request_id: str) -> None:
+        self.foreign += 1
+        _FOREIGN.labels(kind).inc()
+        log.warning("client: dropped a%s %s for request %s from another tenant than it was sent as",
+                    "n" if kind == "answer" else "", kind, request_id)
 
     def _deliver_response(self, resp: Response) -> None:
         rid = resp.request_id
@@ -368,6 +442,15 @@ class Client:
         queue = self._streams.get(rid)
         if queue is not None:
             queue.put_nowait(resp)
+
+
+def _same_sender(sent: str | None, tenant: str | None, resp: Response | None) -> bool:
+    """May a record with `tenant` be the answer (resp) or a delta (None) of a request sent as `sent`?"""
+    if sent is None or tenant == sent:
+        return True
+    # refused before a tenant was verified (mask's authentication, a record answered before mask):
+    # no tenant, and no text to show
+    return tenant is None and resp is not None and resp.status != Status.ok
 
 
 async def _get_within(queue: asyncio.Queue, timeout_s: float):

@@ -4,10 +4,21 @@ Protocol:
 1. start(): assign every partition of `cancel` and seek to its end. Cancels published before the
    worker started are not read: a request is cancelled while somebody waits for it, and the worker
    that was processing it when it was cancelled is the one that had to stop.
-2. Each `cancel/v1` record marks its request_id cancelled (the newest `MAX_REMEMBERED` are kept)
-   and calls the callbacks registered for that request_id (generate's: abort the engine call).
-3. The stage handler asks `cancelled(request_id)` before it processes a record: a cancelled
-   request is answered `cancelled` where it is, instead of going on (stage_handler.py).
+2. Each `cancel/v1` record marks (request_id, SHA-256 of its secret) cancelled (the newest
+   `MAX_REMEMBERED` are kept) and calls the callbacks registered for that pair (generate's: abort
+   the engine call). A cancel without a secret is counted and dropped.
+3. The stage handler asks `cancelled(doc)` before it processes a record: a request cancelled with
+   the secret its `cancel_digest` names is answered `cancelled` where it is, instead of going on
+   (stage_handler.py).
+
+Authorisation (issue 35, finding 7): request ids are visible on shared topics (`responses`,
+`deltas`), so a cancel that names an id proves nothing. The sender of a request puts the SHA-256
+of a secret only it knows in the request (`cancel_digest`; ingress/client.py derives one per
+request), and a cancel applies to the request only when it carries that secret. Another tenant's
+cancel, or one for another request that reused the id, lands under a pair no request has. Rejected:
+a cancel signed by the door with the mask keyring and checked against the request's tenant (every
+stage worker would need the keyring, and a producer that holds only an API key could no longer
+cancel what it sent).
 With a doorbell the watch dozes between cancels like a control follower; a producer of a cancel
 rings it.
 """
@@ -15,6 +26,7 @@ rings it.
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import logging
 from collections import OrderedDict
 from collections.abc import Callable
@@ -23,7 +35,7 @@ from pathlib import Path
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 
 from pipeline.config.settings import KafkaSecurity, kafka_kwargs
-from pipeline.contracts import Cancel
+from pipeline.contracts import Cancel, RequestDoc
 from pipeline.runtime.bellpoll import BellPoller
 from pipeline.runtime.broker_epoch import rewind_on_restart
 from pipeline.runtime.codec import decode
@@ -44,9 +56,11 @@ class CancelWatch:
         self.consumer: AIOKafkaConsumer | None = None
         self.bell: Bell | None = None
         self._task: asyncio.Task | None = None
-        self._cancelled: OrderedDict[str, Cancel] = OrderedDict()
-        self._callbacks: dict[str, list[Callable[[Cancel], None]]] = {}
+        # (request_id, SHA-256 of the cancel's secret) -> the cancel
+        self._cancelled: OrderedDict[tuple[str, str], Cancel] = OrderedDict()
+        self._callbacks: dict[tuple[str, str], list[Callable[[Cancel], None]]] = {}
         self.unreadable = 0
+        self.unsigned = 0  # cancels without a secret: nobody's request can match them
 
     async def start(self, producer: AIOKafkaProducer) -> "CancelWatch":
         """`producer` only looks up the topic's partitions (the owner's, already started)."""
@@ -80,34 +94,43 @@ class CancelWatch:
             self.bell.stop()
             self.bell = None
 
-    def cancelled(self, request_id: str) -> Cancel | None:
-        return self._cancelled.get(request_id)
+    def cancelled(self, doc: RequestDoc) -> Cancel | None:
+        """The cancel its sender published for this request, if any (None when it has no digest)."""
+        return self._cancelled.get((doc.request_id, doc.cancel_digest)) if doc.cancel_digest else None
 
-    def watch(self, request_id: str, callback: Callable[[Cancel], None]) -> Callable[[], None]:
-        """Call `callback` when `request_id` is cancelled (at once if it already is); returns the
+    def watch(self, doc: RequestDoc, callback: Callable[[Cancel], None]) -> Callable[[], None]:
+        """Call `callback` when its sender cancels `doc` (at once if it already has); returns the
         function that stops watching."""
-        known = self._cancelled.get(request_id)
+        if not doc.cancel_digest:
+            return lambda: None  # nobody can cancel it
+        key = (doc.request_id, doc.cancel_digest)
+        known = self._cancelled.get(key)
         if known is not None:
             callback(known)
             return lambda: None
-        self._callbacks.setdefault(request_id, []).append(callback)
+        self._callbacks.setdefault(key, []).append(callback)
 
         def unwatch() -> None:
-            cbs = self._callbacks.get(request_id)
+            cbs = self._callbacks.get(key)
             if cbs and callback in cbs:
                 cbs.remove(callback)
                 if not cbs:
-                    del self._callbacks[request_id]
+                    del self._callbacks[key]
 
         return unwatch
 
     def apply(self, cancel: Cancel) -> None:
         """Step 2."""
-        self._cancelled[cancel.request_id] = cancel
-        self._cancelled.move_to_end(cancel.request_id)
+        if not cancel.secret:
+            self.unsigned += 1
+            log.info("cancel: a cancel without a secret was dropped (request %s)", cancel.request_id)
+            return
+        key = (cancel.request_id, digest(cancel.secret))
+        self._cancelled[key] = cancel
+        self._cancelled.move_to_end(key)
         while len(self._cancelled) > MAX_REMEMBERED:
             self._cancelled.popitem(last=False)
-        for cb in self._callbacks.pop(cancel.request_id, []):
+        for cb in self._callbacks.pop(key, []):
             try:
                 cb(cancel)
             except Exception:  # noqa: BLE001 - one failing watcher must not stop the others
@@ -126,3 +149,8 @@ class CancelWatch:
                         self.unreadable += 1
                         log.error("cancel: unreadable record at %s:%d@%d (%s)", rec.topic, rec.partition,
                                   rec.offset, exc.error_class)
+
+
+def digest(secret: str) -> str:
+    """What a request's `cancel_digest` holds for a cancel secret."""
+    return hashlib.sha256(secret.encode()).hexdigest()

@@ -14,16 +14,16 @@ SELECT
     round(countIf(p.false_hit = 1) / greatest(countIf(p.checked = 1), 1), 4) AS false_hit_estimate
 FROM
 (
-    SELECT request_id, attempt, decision, labels['domain'] AS domain
+    SELECT tenant_id, request_id, attempt, decision, labels['domain'] AS domain
     FROM decisions FINAL
     WHERE replay_id = '' AND stage = 'cache' AND step = 0 AND finished >= {since:DateTime64(3)}
 ) AS c
 LEFT JOIN
 (
-    SELECT request_id, attempt, toUInt8(mapContains(scores, 'shadow_false_hit')) AS checked,
+    SELECT tenant_id, request_id, attempt, toUInt8(mapContains(scores, 'shadow_false_hit')) AS checked,
            toUInt8(scores['shadow_false_hit'] = 1) AS false_hit
     FROM decisions FINAL
     WHERE replay_id = '' AND stage = 'postprocess' AND step = 0 AND finished >= {since:DateTime64(3)}
-) AS p ON p.request_id = c.request_id AND p.attempt = c.attempt
+) AS p ON p.tenant_id = c.tenant_id AND p.request_id = c.request_id AND p.attempt = c.attempt
 GROUP BY domain
 ORDER BY lookups DESC

@@ -13,5 +13,6 @@ SELECT
     round(quantileIf(0.95)(d.scores['chunk_gap_p95_ms'], mapContains(d.scores, 'chunk_gap_p95_ms')), 1) AS chunk_gap_p95_ms,
     round(quantile(0.5)(r.tpot_ms), 1) AS engine_tpot_p50_ms
 FROM decisions AS d FINAL
-LEFT JOIN (SELECT request_id, ttft_ms, tpot_ms FROM requests FINAL WHERE replay_id = '') AS r USING (request_id)
+LEFT JOIN (SELECT tenant_id, request_id, ttft_ms, tpot_ms FROM requests FINAL WHERE replay_id = '') AS r
+    USING (tenant_id, request_id)
 WHERE d.stage = 'frontdoor' AND d.decision = 'streamed' AND d.replay_id = '' AND d.finished >= {since:DateTime64(3)}

@@ -261,7 +261,7 @@ def test_no_api_key_rests_on_any_topic(door):
         leaked = [t for t, k in keys.items() if k.encode() in blob]
         assert not leaked, (topic, leaked)
         if topic == "requests":
-            assert records and all(b'"caller_assertion":"a1.' in rec.value for rec in records)
+            assert records and all(b'"caller_assertion":"a2.' in rec.value for rec in records)
             assert all(b'"api_key":null' in rec.value or b'"api_key"' not in rec.value for rec in records)
         if topic.startswith("stage."):
             assert all(b'"caller_assertion":null' in rec.value or b"caller_assertion" not in rec.value
@@ -283,15 +283,18 @@ def _rows_when(data_dir, query: str, ok, timeout: float = 60) -> list[dict]:
         time.sleep(1)
 
 
-def _deltas_of(info, request_id: str) -> list[dict]:
+def _deltas_of(info, request_id: str, data_dir) -> list[dict]:
+    """The request's deltas as the door reads them (generate seals them: `stream.seal`)."""
     import asyncio
 
-    import orjson
-
+    from pipeline.contracts.stream import Delta
+    from pipeline.security.sealing import Keyring, open_delta
     from tests.conftest import read_topic
 
+    keyring = Keyring.local(data_dir / "secrets")
     records = asyncio.run(read_topic(info["bootstrap"], info["topic_prefix"] + "deltas", 1_000_000, timeout=3))
-    return [d for rec in records if (d := orjson.loads(rec.value))["request_id"] == request_id]
+    return [open_delta(d, keyring).model_dump(mode="json", by_alias=True) for rec in records
+            if (d := Delta.model_validate_json(rec.value)).request_id == request_id]
 
 
 def test_stream_tokens_arrive_as_generated_with_pii_restored_whole(door):
@@ -310,7 +313,7 @@ def test_stream_tokens_arrive_as_generated_with_pii_restored_whole(door):
     assert usage is not None and usage.completion_tokens >= 64
     assert arrivals[0][0] < total / 2, (arrivals[0][0], total)  # the first text long before the end
     assert len(arrivals) >= 8  # pieces as they came, not the finished answer at once
-    deltas = _deltas_of(info, rid)
+    deltas = _deltas_of(info, rid, data_dir)
     assert "".join(d["text"] for d in deltas) == "".join(t for _, t in arrivals)  # nothing added or lost
     assert sum(len(d["token_ids"]) for d in deltas) == usage.completion_tokens
     row = _rows_when(data_dir, f"SELECT scores FROM decisions FINAL WHERE request_id = '{rid}' AND stage = 'frontdoor'",
@@ -327,7 +330,7 @@ def test_stream_tokens_arrive_as_generated_with_pii_restored_whole(door):
     assert not any("<" in t or "PERSON" in t for t in texts), texts  # no placeholder, whole or in part
     masked = _sql(data_dir, f"SELECT scores FROM decisions FINAL WHERE request_id = '{rid}' AND stage = 'mask'")
     assert masked and masked[0]["scores"].get("entities.PERSON") == 1.0, masked  # the model saw a placeholder
-    held = [d for d in _deltas_of(info, rid) if d["text"] == "" and d["token_ids"]]
+    held = [d for d in _deltas_of(info, rid, data_dir) if d["text"] == "" and d["token_ids"]]
     assert held, "the placeholder's tokens were held back until it was whole"
 
     # a JSON-schema answer cut short by max_tokens: its text streamed, then the end is an error event
@@ -351,11 +354,14 @@ def test_python_client_stream_concatenates_to_the_terminal_text(door):
     from pipeline.ingress.client import Client
     from pipeline.ingress.stream_follow import Ended
 
-    info, keys, _ = door
+    from pipeline.security.sealing import Keyring
+
+    info, keys, data_dir = door
 
     async def run():
         async with Client(info["bootstrap"], topic_prefix=info["topic_prefix"],
                           doorbell_dir=Path(info["doorbell_dir"])) as cl:
+            cl.delta_keyring = Keyring.local(data_dir / "secrets")  # generate seals deltas; this client may open them
             body = ChatBody(messages=[ChatMessage(role="user", content="Name five fruits, one per line.")],
                             max_tokens=48, temperature=0)
             events = [ev async for ev in cl.stream(cl.build(body=body, api_key=keys["acme"], timeout_s=120), 120)]
@@ -388,7 +394,7 @@ def test_a_caller_who_leaves_stops_the_engine_and_frees_the_slot(door):
     rows = _rows_when(data_dir, f"SELECT status, error_class, tokens_out FROM requests FINAL WHERE request_id = '{rid}'",
                       lambda rows: bool(rows))
     assert rows and rows[0]["status"] == "cancelled" and rows[0]["error_class"] == "cancelled"
-    deltas = _deltas_of(info, rid)
+    deltas = _deltas_of(info, rid, data_dir)
     after = [d for d in deltas if d["at_ms"] > left_ms]
     tokens_after = sum(len(d["token_ids"]) for d in after)
     stopped_ms = max(d["at_ms"] for d in deltas) - left_ms

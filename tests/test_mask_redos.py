@@ -2,8 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
+import hashlib
+import logging
+import subprocess
+import sys
+import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 import pytest
 from presidio_analyzer import Pattern, PatternRecognizer
@@ -207,3 +213,83 @@ def test_phone_snippets_find_what_the_whole_text_scan_finds(text):
     got = sorted((r.start, r.end) for r in snippets.analyze(text, ["PHONE_NUMBER"]))
     want = sorted((r.start, r.end) for r in whole.analyze(text, ["PHONE_NUMBER"]))
     assert got == want and len(got) >= 2
+
+
+# ---- issue 35, finding 16: budgets measure the pattern, not the load ----------------------------------
+
+# an ordinary, linear scan that costs tens of ms of CPU (no literal prefix to skip ahead with), over prose
+# with one match at the end
+ORDINARY = "Please call me back about the invoice for the order we placed last week. " * 15_000 + "room 12 Lee"
+LINEAR = Pattern("word number word", r"\b\w{1,20}\s\d{1,5}\s[A-Z]\w{0,20}\b", 0.5)
+
+
+@contextlib.contextmanager
+def busy(threads: int, processes: int) -> Iterator[None]:
+    """Other threads of this process burning CPU without the GIL (hashing releases it), as native
+    threads do, and other processes saturating the cores. Returns once every thread has run."""
+    stop, started = threading.Event(), threading.Barrier(threads + 1)
+    block = bytes(4 << 20)
+
+    def burn() -> None:
+        hashlib.sha256(block).digest()
+        started.wait()
+        while not stop.is_set():
+            hashlib.sha256(block).digest()
+
+    procs = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(processes)]
+    pool = [threading.Thread(target=burn, daemon=True) for _ in range(threads)]
+    try:
+        for t in pool:
+            t.start()
+        started.wait(timeout=30)
+        yield
+    finally:
+        stop.set()
+        for p in procs:
+            p.kill()
+            p.wait()
+        for t in pool:
+            t.join()
+
+
+def _own_cpu(call: Callable[[], object]) -> float:
+    t0 = time.thread_time()
+    call()
+    return time.thread_time() - t0
+
+
+def test_a_loaded_process_does_not_refuse_ordinary_text():
+    """The regex module's timeout runs on the process's CPU clock: four busy threads of the process
+    spend a budget three times the scan's own cost before the scan ends. The budget is the thread's."""
+    probe = FailClosedPatterns("LOCATION", name="Probe", patterns=[LINEAR], timeout_s=10)
+    cost = min(_own_cpu(lambda: probe.analyze(ORDINARY, ["LOCATION"])) for _ in range(3))
+    rec = FailClosedPatterns("LOCATION", name="Linear", patterns=[LINEAR], timeout_s=3 * cost)
+    with busy(threads=4, processes=2):
+        found = rec.analyze(ORDINARY, ["LOCATION"])
+    assert [ORDINARY[r.start:r.end] for r in found] == ["room 12 Lee"]
+    assert rec.patterns[0].compiled_regex.retries >= 1  # the load did run the process clock out once
+
+
+def test_a_pathological_pattern_is_still_refused_under_load():
+    guarded = FailClosedPatterns("LOCATION", name="Evil", patterns=[Pattern("evil", EVIL, 0.7)], timeout_s=0.05)
+    with busy(threads=4, processes=2), pytest.raises(MaskTimeout, match="'evil' timed out"):
+        t0 = time.thread_time()
+        try:
+            guarded.analyze("시" * 400, ["LOCATION"])  # seconds of CPU when let run
+        finally:
+            spent = time.thread_time() - t0
+    assert spent < 0.05 * 5  # its own budget, and at most 4 more if the load stops as it retries
+
+
+def test_a_warm_up_that_fails_to_mask_warns_and_starts(masker, monkeypatch, caplog):
+    phone = next(r for r in masker.analyzer.registry.recognizers if r.name == "KoreanPhoneRecognizer")
+
+    def late(*_a, **_k):
+        raise MaskTimeout("pattern 'korean phone' timed out after 0.2 s of CPU")
+
+    monkeypatch.setattr(phone, "analyze", late)
+    with caplog.at_level(logging.WARNING, logger="pipeline.stages.mask.pii"):
+        masker.warm()  # a request would be answered mask_failed; the stage starts
+    assert any("warm-up" in r.getMessage() and "timed out" in r.getMessage() for r in caplog.records)
+    with pytest.raises(MaskFailed):
+        masker.mask(["call 010-1234-5678"])

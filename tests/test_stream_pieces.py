@@ -254,3 +254,101 @@ async def test_concurrent_streams_flush_together_and_no_piece_waits_past_the_win
         assert seqs == list(range(len(seqs)))
     await flusher.stop()
     await flusher.stop()  # idempotent
+
+
+# ---- sealed deltas (issue 35, finding 8): `deltas` is shared by every caller of a partition -------------
+
+SECRET_ANSWER = ["Jane Doe's ", "card is 4111 1111 ", "1111 1111, ", "her plan: sell at dawn."]
+
+
+async def _sealed_stream(keyring, request_id: str = "req-1") -> list[Delta]:
+    import asyncio
+
+    from pipeline.stages.generate.stream import DeltaFlusher, StreamPolicy
+
+    rec = _Recorder()
+    flusher = DeltaFlusher(rec, "deltas")
+    flusher.configure(StreamPolicy(), keyring)  # the default policy seals
+    sink = flusher.sink(request_id, "w:1", 3)
+    for i, piece in enumerate(SECRET_ANSWER):
+        sink.piece(piece, [100 + i, 200 + i], [-0.5, -0.25])
+        while len(rec.sent) <= i:  # a delta each (the window passes)
+            await asyncio.sleep(0.002)
+    await sink.finish()
+    await flusher.stop()
+    return rec.sent
+
+
+@pytest.mark.asyncio
+async def test_a_sealed_delta_shows_a_topic_reader_neither_text_nor_tokens():
+    from pipeline.runtime.codec import encode
+    from pipeline.security.sealing import Keyring, open_delta
+
+    keyring = Keyring.ephemeral()
+    sent = await _sealed_stream(keyring)
+    wire = b"".join(encode(d) for d in sent)
+    for word in (b"Jane", b"4111", b"dawn", b"100", b"-0.5"):
+        assert word not in wire, word  # what a reader of the topic gets
+    assert len(sent) == 5 and all(d.text == "" and d.token_ids == [] and d.logprobs is None
+                                  and d.sealed.startswith("d1.ephemeral.") for d in sent)
+    opened = [open_delta(d, keyring) for d in sent]
+    assert "".join(d.text for d in opened) == "".join(SECRET_ANSWER)
+    assert [t for d in opened for t in d.token_ids] == [100, 200, 101, 201, 102, 202, 103, 203]
+
+
+@pytest.mark.asyncio
+async def test_a_sealed_delta_opens_only_for_its_request_place_and_key():
+    from pipeline.security.sealing import Keyring, RestoreError, open_delta
+
+    keyring = Keyring.ephemeral()
+    d = (await _sealed_stream(keyring))[0]
+    assert open_delta(d, keyring).text == SECRET_ANSWER[0]
+    for moved in (d.model_copy(update={"request_id": "req-2"}), d.model_copy(update={"seq": 5}),
+                  d.model_copy(update={"attempt": "w:9"}), d.model_copy(update={"tenant_id": "globex"})):
+        with pytest.raises(RestoreError):
+            open_delta(moved, keyring)  # another request's id, or another place in the stream
+    with pytest.raises(RestoreError):
+        open_delta(d, Keyring.ephemeral())  # another deployment's key
+    other = (await _sealed_stream(keyring, "req-2"))[0]  # the same key: another request's delta key
+    with pytest.raises(RestoreError):
+        open_delta(other.model_copy(update={"request_id": "req-1"}), keyring)
+
+
+def test_sealing_needs_the_keyring_and_can_be_turned_off():
+    from pipeline.stages.generate.stream import DeltaFlusher, StreamPolicy
+
+    flusher = DeltaFlusher(_Recorder(), "deltas")
+    with pytest.raises(RuntimeError, match="keyring"):
+        flusher.configure(StreamPolicy(), None)  # never a plain delta because the key was not there
+    flusher.configure(StreamPolicy(seal=False), None)
+    assert flusher.sink("r", "w:1", 3).sealer is None
+
+
+@pytest.mark.asyncio
+async def test_the_door_opens_sealed_deltas_and_skips_what_does_not_open():
+    """A round trip through the client's delivery of deltas (the door's, ingress/client.py) and what
+    the caller is shown: the door's keyring opens them; a client without it, or a forged delta, is
+    shown nothing from deltas, and the terminal answer still ends the stream with the whole text."""
+    import asyncio
+
+    from pipeline.ingress.client import Client
+    from pipeline.runtime.codec import encode
+    from pipeline.security.sealing import Keyring
+
+    keyring = Keyring.ephemeral()
+    sent = await _sealed_stream(keyring)
+    forged = (await _sealed_stream(Keyring.ephemeral()))[0].model_copy(update={"attempt": "w:0"})
+    text = "".join(SECRET_ANSWER)
+    for key, shown_from_deltas in ((keyring, text), (None, ""), (Keyring.ephemeral(), "")):
+        client = Client("127.0.0.1:1")
+        client.delta_keyring = key
+        queue = client._streams["req-1"] = asyncio.Queue()
+        for d in [forged, *sent]:
+            client._deliver_delta(encode(d))
+        follower, shown = StreamFollower(), ""
+        while not queue.empty():
+            piece = follower.delta(queue.get_nowait())
+            shown += piece.text if piece else ""
+        assert shown == shown_from_deltas and client.sealed_unread == (1 if key is keyring else 1 + len(sent))
+        rest, end = follower.end(_ok(text))
+        assert end.ok and shown + (rest.text if rest else "") == text

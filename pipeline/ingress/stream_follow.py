@@ -18,6 +18,9 @@ interleaved. The protocol, for one request:
 5. The terminal answer is authoritative. If it is ok and its text starts with what was shown, the
    rest of it is shown and the stream ends cleanly; otherwise the stream ends with an error (the
    answer failed, or it is not the text the caller was shown).
+
+Deltas sealed by generate (`stream.seal`) are opened before any of this (`readable`); one that does
+not open is skipped like a delta never received, so the terminal answer still ends the stream whole.
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ from dataclasses import dataclass, field
 
 from pipeline.contracts import Response, Status
 from pipeline.contracts.stream import Delta
+from pipeline.security.sealing import Keyring, RestoreError, open_delta
 
 
 @dataclass
@@ -103,3 +107,15 @@ class StreamFollower:
         rest = text[len(self.shown):]
         self.shown = text
         return (Piece(rest, None) if rest else None), Ended(resp)
+
+
+def readable(d: Delta, keyring: Keyring | None) -> Delta | None:
+    """`d` as it can be followed: opened when sealed; None when sealed and it does not open here."""
+    if d.sealed is None:
+        return d
+    if keyring is None:
+        return None
+    try:
+        return open_delta(d, keyring)
+    except RestoreError:
+        return None

@@ -2,12 +2,15 @@
 
 AES-256-GCM with the request_id as associated data, so a sealed mapping cannot be replayed onto
 another request. Token: `v1.<key_id>.<base64url(nonce | ciphertext)>`. Only mask seals and only
-postprocess opens; neither logs the plaintext.
+postprocess opens; neither logs the plaintext. Below: a streamed answer's pieces, sealed by generate
+and opened by the caller's client (the door).
 """
 
 from __future__ import annotations
 
 import base64
+import hashlib
+import hmac
 import os
 import secrets
 from dataclasses import dataclass
@@ -20,6 +23,7 @@ from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
 if TYPE_CHECKING:
     from pipeline.config.settings import Settings
+    from pipeline.contracts.stream import Delta
 
 
 class RestoreError(ValueError):
@@ -112,3 +116,62 @@ def keyring_for(settings: "Settings") -> Keyring:
         active = sec.mask_active_key or next(iter(sec.mask_keys))
         return Keyring.from_b64({k: v.get_secret_value() for k, v in sec.mask_keys.items()}, active)
     return Keyring.local(settings.resolved_data_dir() / "secrets")
+
+
+# ---- deltas (issue 35, finding 8) ---------------------------------------------------------------
+# A streamed answer's pieces travel on `deltas`, one partition for every caller whose reply partition
+# has that number: un-masked text of many requests and tenants. Sealed, a reader of the topic sees
+# the ids, sizes and times, never the text or its tokens. Key: HMAC-SHA256(keyring key, purpose +
+# request_id), so a delta key opens one request's pieces and nothing else of the keyring's (restore
+# mappings, assertions). Associated data: the delta's place (request, tenant, attempt, seq, last), so
+# a sealed piece cannot be moved to another request or position. Token: `d1.<key id>.<b64url(nonce|ct)>`.
+
+DELTA_VERSION = "d1"
+_DELTA_PURPOSE = b"llmpipe delta v1\x00"
+
+
+def delta_key(keyring: Keyring, kid: str, request_id: str) -> bytes:
+    key = keyring.keys.get(kid)
+    if key is None:
+        raise RestoreError(f"delta sealed with unknown key {kid!r}")
+    return hmac.new(key, _DELTA_PURPOSE + request_id.encode(), hashlib.sha256).digest()
+
+
+def _delta_aad(d: "Delta") -> bytes:
+    return orjson.dumps([d.request_id, getattr(d, "tenant_id", None), d.attempt, d.seq, d.last])
+
+
+class DeltaSealer:
+    """Seals the deltas of one request (the key is derived once, at the first piece)."""
+
+    def __init__(self, keyring: Keyring, request_id: str) -> None:
+        self.kid = keyring.active
+        self._aead = AESGCM(delta_key(keyring, self.kid, request_id))
+
+    def seal(self, d: "Delta") -> "Delta":
+        nonce = secrets.token_bytes(12)
+        plain = orjson.dumps({"text": d.text, "token_ids": d.token_ids, "logprobs": d.logprobs})
+        ct = self._aead.encrypt(nonce, plain, _delta_aad(d))
+        token = f"{DELTA_VERSION}.{self.kid}.{base64.urlsafe_b64encode(nonce + ct).decode()}"
+        return d.model_copy(update={"text": "", "token_ids": [], "logprobs": None, "sealed": token})
+
+
+def open_delta(d: "Delta", keyring: Keyring) -> "Delta":
+    """The delta with its text, tokens and logprobs back; a plain delta as it is. RestoreError when
+    it does not open (another key, another request or place, tampered)."""
+    if d.sealed is None:
+        return d
+    try:
+        version, kid, body = d.sealed.split(".", 2)
+        raw = base64.urlsafe_b64decode(body)
+    except (ValueError, TypeError):
+        raise RestoreError("malformed sealed delta") from None
+    if version != DELTA_VERSION:
+        raise RestoreError(f"unknown sealed delta version {version!r}")
+    try:
+        plain = AESGCM(delta_key(keyring, kid, d.request_id)).decrypt(raw[:12], raw[12:], _delta_aad(d))
+    except InvalidTag:
+        raise RestoreError("sealed delta does not open for this request (tampered, or another request's)") from None
+    fields = orjson.loads(plain)
+    return d.model_copy(update={"text": fields["text"], "token_ids": fields["token_ids"],
+                                "logprobs": fields["logprobs"], "sealed": None})

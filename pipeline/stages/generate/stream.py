@@ -10,7 +10,10 @@ reply_to asks for a stream (one `DeltaSink`):
    flushes when the window has passed.
 3. A flush takes the waiting chunk of every sink, in the order they began waiting; each chunk's
    text goes through its sink's un-masker (security/stream_unmask.py): placeholders are restored
-   whole where the tenant allows it, and kept whole where it does not.
+   whole where the tenant allows it, and kept whole where it does not. With `stream.seal` (the
+   default) the delta's text, tokens and logprobs are then sealed under the request's delta key
+   (security/sealing.py): `deltas` is shared by every caller of a partition, and only the caller's
+   client (the door) opens them.
 4. One writer task hands each flush's deltas to the producer, in order and without yielding in
    between, to the caller's partition of `deltas` (the number of its reply partition): the deltas
    of all streams for one partition share a produce request. A failed send is counted and logged,
@@ -33,6 +36,7 @@ from pydantic import BaseModel, Field
 
 from pipeline.contracts.stream import Delta
 from pipeline.runtime.codec import encode
+from pipeline.security.sealing import DeltaSealer, Keyring
 from pipeline.security.stream_unmask import StreamUnmasker
 from pipeline.stages.generate.coalesce import Chunk, Coalescer, Throttle
 
@@ -42,6 +46,9 @@ class StreamPolicy(BaseModel):
     window_ms: float = Field(25.0, gt=0, description="the worker's streams flush together at most once per window "
                                                      "while tokens come faster; no piece waits longer")
     max_tokens: int = Field(16, ge=1, description="an attempt's delta goes once this many tokens wait, window or not")
+    seal: bool = Field(True, description="seal each delta's text, tokens and logprobs under the request's key: a "
+                                         "reader of `deltas` sees ids, sizes and times only (about 15 us a delta). "
+                                         "Off: every reader of a partition reads every answer streamed through it")
 
 
 def _now_ms() -> float:
@@ -62,10 +69,18 @@ class DeltaFlusher:
         self._soon = False  # a flush is due in the next loop turn
         self._queue: asyncio.Queue[list[tuple[DeltaSink, Delta | asyncio.Future]] | None] = asyncio.Queue()
         self._writer: asyncio.Task | None = None
+        self.seal_with: Keyring | None = None  # set: every sink seals its deltas (StreamPolicy.seal)
+
+    def configure(self, policy: StreamPolicy, keyring: Keyring | None) -> None:
+        """The stage's current stream policy; sealing needs the mask keyring the stage opened at start."""
+        if policy.seal and keyring is None:
+            raise RuntimeError("stream.seal needs the mask keyring: configure after start()")
+        self.throttle.window_ms, self.max_tokens = policy.window_ms, policy.max_tokens
+        self.seal_with = keyring if policy.seal else None
 
     def sink(self, request_id: str, attempt: str, partition: int,
-             unmasker: StreamUnmasker | None = None) -> "DeltaSink":
-        return DeltaSink(request_id, attempt, flusher=self, partition=partition, unmasker=unmasker)
+             unmasker: StreamUnmasker | None = None, tenant_id: str | None = None) -> "DeltaSink":
+        return DeltaSink(request_id, attempt, flusher=self, partition=partition, unmasker=unmasker, tenant_id=tenant_id)
 
     def wait(self, sink: "DeltaSink", urgent: bool) -> None:
         """Step 2. "At once" is the next loop turn: the pieces an engine step made for several
@@ -154,8 +169,9 @@ class DeltaSink:
     """One attempt's side of the protocol (steps 1, 3 and 5)."""
 
     def __init__(self, request_id: str, attempt: str, *, flusher: DeltaFlusher | None = None, partition: int = 0,
-                 unmasker: StreamUnmasker | None = None) -> None:
+                 unmasker: StreamUnmasker | None = None, tenant_id: str | None = None) -> None:
         self.request_id, self.attempt, self.partition = request_id, attempt, partition
+        self.tenant_id = tenant_id  # on every delta: the door takes only its own tenant's (ingress/client.py)
         self.key = request_id.encode()
         self.flusher = flusher
         self.unmasker = unmasker or StreamUnmasker(None, restore=False)
@@ -165,6 +181,8 @@ class DeltaSink:
         self.failed = 0
         self.first_ms: float | None = None  # monotonic ms of the first delta made
         self._closed = False
+        keyring = flusher.seal_with if flusher else None
+        self.sealer = DeltaSealer(keyring, request_id) if keyring is not None else None
 
     def piece(self, text: str, token_ids: list[int], logprobs: list[float] | None) -> None:
         """Step 1 (the engine's OnDelta)."""
@@ -178,8 +196,9 @@ class DeltaSink:
         text = self.unmasker.feed(chunk.text) + (self.unmasker.flush() if last else "")
         if self.first_ms is None:
             self.first_ms = _now_ms()
-        return Delta(request_id=self.request_id, attempt=self.attempt, seq=chunk.seq, text=text,
-                     token_ids=chunk.token_ids, logprobs=chunk.logprobs, last=last)
+        d = Delta(request_id=self.request_id, tenant_id=self.tenant_id, attempt=self.attempt, seq=chunk.seq,
+                  text=text, token_ids=chunk.token_ids, logprobs=chunk.logprobs, last=last)
+        return self.sealer.seal(d) if self.sealer is not None else d
 
     async def finish(self) -> None:
         """Step 5, after the attempt succeeded."""

@@ -106,18 +106,24 @@ class Masker:
         self.analyzer = AnalyzerEngine(registry=registry, nlp_engine=nlp, supported_languages=[LANGUAGE])
         self.anonymizer = AnonymizerEngine()
         # one analysis at a time per process: threads gain nothing on CPU-bound work under the GIL, and
-        # the regex timeouts run on the process's CPU clock, which other threads' analyses would spend
-        # (a 0.2 s pattern budget ran out on a 286-request burst with six threads analysing at once)
+        # the regex module stops a scan on the process's CPU clock, which other threads' analyses would
+        # spend (failclosed.py then retries on the thread's own clock; a 0.2 s budget ran out on a
+        # 286-request burst with six threads analysing at once, before the budget was per thread)
         self._lock = threading.Lock()
 
     def warm(self) -> None:
         """Load every model and list the recognizers use and run each pattern once, so the first
-        request does not pay seconds of loading."""
+        request does not pay seconds of loading. The warm-up text is no request: if masking it
+        fails (a budget run out while the host loads everything at once), say so and go on; a
+        request that fails the same way is answered `mask_failed`."""
         for rec in self.analyzer.registry.recognizers:
             warm = getattr(rec, "warm", None)
             if warm is not None:
                 warm()
-        self.mask(["warm-up a@b.co 010-0000-0000 김철수님 Jane Doe 12 Main Street"])
+        try:
+            self.mask(["warm-up a@b.co 010-0000-0000 김철수님 Jane Doe 12 Main Street"])
+        except MaskFailed as exc:
+            log.warning("mask: the warm-up text did not mask (%s); starting anyway", exc)
 
     @property
     def revision(self) -> str:

@@ -44,6 +44,7 @@ from pipeline.ingress.openai_body import BodyError, ChatRequest, chat_request
 from pipeline.ingress.openai_reply import completion, error_body, http_status, retry_after_s
 from pipeline.ingress.sse import SseReply, stream_evidence
 from pipeline.ingress.stream_follow import Ended, Piece
+from pipeline.registries.metering import TenantMeter, feedback_cost, feedback_rate, prompt_size_refusal, request_rate
 from pipeline.registries.tenants import Caller, TenantRegistry
 from pipeline.runtime.asgi import AsgiServer
 from pipeline.runtime.broker_watch import BrokerWatch
@@ -90,6 +91,9 @@ class FrontDoor:
         # the stack's own word on readiness (None: ready; else why not), e.g. while it restarts its broker
         self.not_ready_because: Callable[[], str | None] = lambda: None
         self.registry = TenantRegistry(settings.tenants, settings.tenant_defaults)
+        # this door's cheap pre-checks per tenant (registries/metering.py); admit holds the exact limits
+        self.request_meter = TenantMeter(request_rate, "requests")
+        self.feedback_meter = TenantMeter(feedback_rate, "feedback")
         self.follower: ControlFollower | None = None
         self.keyring: Keyring | None = None
         self._last_recheck = 0.0
@@ -106,6 +110,7 @@ class FrontDoor:
     async def start(self) -> "FrontDoor":
         # the key mask verifies our caller assertions with (and postprocess opens restore mappings with)
         self.keyring = await asyncio.to_thread(keyring_for, self.settings)
+        self.client.delta_keyring = self.keyring  # opens the deltas generate sealed for our callers
         await self.client.start()
         assert self.client.producer is not None
         _DUPLICATES.set_function(lambda: self.client.duplicates)
@@ -228,6 +233,8 @@ class FrontDoor:
                 raise HttpError(422, "invalid_request", describe_validation_error(exc)) from None
             fb_id = fb.feedback_id
             refused = self.settings.feedback.refusal(fb)
+            if refused is None:  # counted before the owner lookup and the masking it would cost
+                self._meter(self.feedback_meter, caller, fb.created_ms, feedback_cost(fb.value))
             if refused is None and self.owners is not None:
                 kind, target = fb.target
                 refused = owner_refusal(await self.owners.check(caller.tenant if caller else ANONYMOUS_TENANT, kind,
@@ -292,10 +299,23 @@ class FrontDoor:
                 episode_id=(ext.episode_id if ext else None) or request.headers.get(EPISODE_HEADER) or None)
         except ValidationError as exc:
             raise HttpError(422, "invalid_request", describe_validation_error(exc)) from None
+        limits = self.registry.limits_for(caller.tenant if caller else ANONYMOUS_TENANT)
+        if (too_big := prompt_size_refusal(doc.body.messages, limits)) is not None:
+            raise HttpError(413, "too_large", too_big)  # mask checks again, for the Kafka path
+        self._meter(self.request_meter, caller, doc.created_ms)
+        if parsed.stream and doc.reply_to is not None:  # final before signing: the assertion covers reply_to
+            doc = doc.model_copy(update={"reply_to": doc.reply_to.model_copy(update={"stream": True})})
         if caller is not None:  # the key stays here: the request carries the door's signed word instead
             assert self.keyring is not None
             doc = doc.model_copy(update={"caller_assertion": sign_assertion(doc, caller, self.keyring)})
         return doc, parsed, timeout_s
+
+    def _meter(self, meter: TenantMeter, caller: Caller | None, created_ms: int, cost: float = 1.0) -> None:
+        """429 when the caller's tenant is over its rate at this door, before anything is published."""
+        tenant = caller.tenant if caller else ANONYMOUS_TENANT
+        over = meter.check(tenant, self.registry.limits_for(tenant), created_ms, cost)
+        if over is not None:
+            raise HttpError(429, "rate_limited", over.reason, {"Retry-After": over.retry_after_header})
 
     @staticmethod
     def _wait_s(doc: RequestDoc) -> float:

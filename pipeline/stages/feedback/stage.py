@@ -6,7 +6,8 @@ Per record:
 1. Decode; an unreadable record goes to the DLQ with its original bytes.
 2. Who gives it: an API key or the front door's assertion for exactly this feedback
    (mask's authentication); the key never goes further.
-3. A declared metric, a value of its type, about the metric's kind of target (config).
+3. A declared metric, a value of its type, about the metric's kind of target (config); within the
+   tenant's feedback rate (registries/metering.py), before the lookup and the masking it costs.
 4. The target is the giver's tenant's (the warehouse's `requests` table, waiting out the sink's lag).
 5. Comment and demonstration text is masked like a prompt (mask's masker, this tenant's policy).
 6. Send the masked record, keyed by feedback_id; a refusal (2-4) goes to the DLQ with its class.
@@ -23,6 +24,7 @@ from aiokafka import AIOKafkaProducer
 
 from pipeline.config.settings import Settings
 from pipeline.contracts.feedback import Feedback, Refusal
+from pipeline.registries.metering import TenantMeter, feedback_cost, feedback_rate
 from pipeline.registries.tenants import TenantRegistry
 from pipeline.runtime.codec import decode, encode
 from pipeline.runtime.dlq import dead_letter
@@ -55,6 +57,7 @@ class FeedbackWorker:
         self.worker_id = worker_id
         self.metrics = StageMetrics(FEEDBACK_STAGE)
         self.registry = TenantRegistry(settings.tenants, settings.tenant_defaults)
+        self.meter = TenantMeter(feedback_rate, "feedback")  # the tenant's feedback rate, in this process
         self.keyring = keyring_for(settings)
         spec = next((s for s in settings.stages if s.name == "mask"), None)
         self.mask_policy = MaskStagePolicy.model_validate(spec.policy if spec else {})
@@ -96,19 +99,26 @@ class FeedbackWorker:
     async def handle(self, items: list[Item]) -> None:
         assert self.producer is not None, "start() first"
         out = Outputs(self.producer)
-        for it in items:
-            try:
-                fb = decode(it.record.value, Feedback)
-            except DecodeError as exc:
-                await self._refuse(out, it, Refusal(exc.error_class, 422, str(exc)))
-                continue
-            accepted = await self._check(fb)
+        # checked together, so one target's wait for the warehouse does not hold up the batch; each
+        # check meters before its first await, so tokens go in record order
+        checked = await asyncio.gather(*(self._read_and_check(it) for it in items), return_exceptions=True)
+        if failed := next((c for c in checked if isinstance(c, BaseException)), None):
+            raise failed
+        for it, accepted in zip(items, checked):
+            assert not isinstance(accepted, BaseException)
             if isinstance(accepted, Refusal):
                 await self._refuse(out, it, accepted)
                 continue
             await out.send(self.names.feedback_accepted, encode(accepted), key=accepted.feedback_id.encode())
             self.metrics.processed("accepted")
         await out.flush()
+
+    async def _read_and_check(self, it: Item) -> Feedback | Refusal:
+        try:
+            fb = decode(it.record.value, Feedback)
+        except DecodeError as exc:
+            return Refusal(exc.error_class, 422, str(exc))
+        return await self._check(fb)
 
     async def _check(self, fb: Feedback) -> Feedback | Refusal:
         """Steps 2-5: the record as it goes on (giver's tenant set, proof stripped, text masked), or why not."""
@@ -118,6 +128,9 @@ class FeedbackWorker:
         refused = self.settings.feedback.refusal(fb)
         if refused is not None:
             return refused
+        over = self.meter.check(who.tenant, self.registry.limits_for(who.tenant), fb.created_ms, feedback_cost(fb.value))
+        if over is not None:  # before the owner lookup and the masking it would cost
+            return Refusal("rate_limited", 429, over.reason)
         kind, target = fb.target
         refused = owner_refusal(await self.owners.check(who.tenant, kind, target), kind)
         if refused is not None:

@@ -4,9 +4,8 @@ from __future__ import annotations
 
 from pipeline.config.tenants import TenantLimits
 from pipeline.contracts import RequestDoc
+from pipeline.registries.metering import prompt_size_refusal
 
 
 def size_refusal(doc: RequestDoc, limits: TenantLimits) -> str | None:
-    limit = limits.max_prompt_chars
-    n = sum(len(m.content) for m in doc.body.messages)
-    return f"prompt of {n} characters > {limit}" if n > limit else None
+    return prompt_size_refusal(doc.body.messages, limits)  # the door checks the same, before publishing

@@ -16,11 +16,12 @@ from typing import Any
 from pydantic import Field
 
 from pipeline.contracts import RequestDoc, Response, Status
-from pipeline.contracts.request import ChatMessage, MaskingSection
+from pipeline.contracts.request import ANONYMOUS_TENANT, ChatMessage, MaskingSection
+from pipeline.registries.metering import TenantMeter, request_rate
 from pipeline.registries.tenants import TenantRegistry
 from pipeline.runtime.stage import Outcome, StageContext, ThreadedStage
 from pipeline.security.sealing import Keyring, keyring_for, seal
-from pipeline.stages.mask.auth import authenticate
+from pipeline.stages.mask.auth import authenticate, rollout_refusal
 from pipeline.stages.mask.limits import size_refusal
 from pipeline.stages.mask.pii import Masker, MaskFailed, MaskPolicy, MaskResult
 
@@ -28,9 +29,13 @@ from pipeline.stages.mask.pii import Masker, MaskFailed, MaskPolicy, MaskResult
 class MaskStagePolicy(MaskPolicy):
     # tenant id -> fields of MaskPolicy that differ for that tenant (e.g. extra entities)
     tenants: dict[str, dict[str, Any]] = Field(default_factory=dict)
+    rollout_role: str | None = Field("rollouts", description="the role (from the API key's config) a request with "
+                                                             "a `rollout` section needs; None: anyone may")
+    assertion_max_age_s: float = Field(600.0, gt=0, description="a door's caller assertion older than this is "
+                                                                "refused (a captured request cannot be replayed)")
 
     def for_tenant(self, tenant: str | None) -> MaskPolicy:
-        base = self.model_dump(exclude={"tenants"})
+        base = self.model_dump(exclude={"tenants", "rollout_role", "assertion_max_age_s"})
         override = self.tenants.get(tenant or "", {})
         return MaskPolicy.model_validate({**base, **override}) if override else MaskPolicy.model_validate(base)
 
@@ -61,6 +66,7 @@ class MaskStage(ThreadedStage):
         self.keyring = keyring_for(ctx.settings)
         self._maskers: dict[str, Masker] = {}
         self.registry = TenantRegistry(ctx.settings.tenants, ctx.settings.tenant_defaults)
+        self.meter = TenantMeter(request_rate, "requests")  # this replica's pre-check; admit is exact
 
     def masker_for(self, tenant: str | None) -> Masker:
         key = tenant if tenant in self.policy.tenants else ""
@@ -73,21 +79,30 @@ class MaskStage(ThreadedStage):
         await asyncio.to_thread(lambda: self.masker_for(None).warm())
         await self.follow_control(self.registry.apply)  # tenants and keys added while running
 
-    def reject(self, doc: RequestDoc, error_class: str, reason: str, evidence_reason: str) -> Outcome:
+    def reject(self, doc: RequestDoc, error_class: str, reason: str, evidence_reason: str,
+               retry_after_ms: int | None = None) -> Outcome:
         resp = Response(request_id=doc.request_id, status=Status.rejected, error_class=error_class, reason=reason,
-                        answered_by=self.name)
+                        answered_by=self.name, retry_after_ms=retry_after_ms)
         return Outcome.answer(doc, resp, self.evidence(doc, "rejected", f"{error_class}: {evidence_reason}"))
 
     def decide(self, doc: RequestDoc) -> Outcome:
         """1. authenticate (the key or the front door's assertion); 2. the tenant's size limit;
-        3. mask, failing closed."""
-        doc, refused, why = authenticate(doc, self.registry, self.ctx.settings.auth.required, self.keyring)
+        3. the tenant's rate (registries/metering.py); 4. mask, failing closed."""
+        doc, refused, why = authenticate(doc, self.registry, self.ctx.settings.auth.required, self.keyring,
+                                         int(self.policy.assertion_max_age_s * 1000))
         if refused is not None:  # the caller does not learn whether a key is unknown or revoked
             told = "unknown or revoked API key" if why in ("unknown_key", "revoked_key") else why
             return self.reject(doc, refused, told, why)
-        too_big = size_refusal(doc, self.registry.limits_for(doc.tenant_id))
+        no_rollouts = rollout_refusal(doc, self.policy.rollout_role)
+        if no_rollouts is not None:
+            return self.reject(doc, "forbidden", no_rollouts, no_rollouts)
+        limits = self.registry.limits_for(doc.tenant_id)
+        too_big = size_refusal(doc, limits)
         if too_big is not None:
             return self.reject(doc, "too_large", too_big, too_big)
+        over = self.meter.check(doc.tenant_id or ANONYMOUS_TENANT, limits, doc.created_ms)
+        if over is not None:  # refused before the masking it would cost; admit would refuse it anyway
+            return self.reject(doc, "rate_limited", over.reason, "over rate before masking", over.retry_after_ms)
         masker = self.masker_for(doc.tenant_id)
         try:
             masked, result = mask_document(doc, masker, self.keyring)

@@ -4,7 +4,9 @@ trainers take the samples back out of the warehouse as training-ready batches.
 A prompts file is JSONL, one prompt per line: {"prompt": str} or {"messages": [...]}, optional
 "id" (the group id's suffix), "expected" (exact_match) and "pattern" (regex). Every line becomes a
 request of kind `rollout`; generate samples it n times and writes one `rollouts` row per sample.
-Export reads the `training_samples` view (schemas/clickhouse/011_training_samples.sql).
+Export reads the `training_samples` view (schemas/clickhouse/011, per tenant since 017_tenant_keys.sql).
+Every read of samples (export, --from-feedback, RolloutStream) names its tenants, or the operator's
+explicit choice of all of them (`TenantScope`): never every tenant's rows by default.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ import hashlib
 import re
 import uuid
 from collections import Counter
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
@@ -27,6 +30,35 @@ from pipeline.ingress.load import TrafficLine
 
 EXPORT_FORMATS = ("parquet", "jsonl")
 VERIFIER_FIELD = {"exact_match": "expected", "regex": "pattern"}  # the prompt line's field each one reads
+
+
+@dataclass(frozen=True)
+class TenantScope:
+    """Whose samples a trainer reads: the tenants named, or every tenant by the operator's explicit
+    choice. One tenant's rollouts and feedback are training data for that tenant's model only."""
+
+    tenants: frozenset[str] = frozenset()
+    every: bool = False
+
+    def __post_init__(self) -> None:
+        if self.every == bool(self.tenants):
+            raise ValueError("name the tenants whose samples to read (--tenant, repeatable) or choose --all-tenants"
+                             + (", not both" if self.every else ""))
+
+    @classmethod
+    def of(cls, tenants: Iterable[str] | None, all_tenants: bool = False) -> "TenantScope":
+        return cls(frozenset(t for t in tenants or () if t), all_tenants)
+
+    def admits(self, tenant: str) -> bool:
+        return self.every or tenant in self.tenants
+
+    def params(self) -> dict[str, Any]:
+        """The SQL parameters of `TENANT_FILTER`."""
+        return {"all_tenants": int(self.every), "tenants": sorted(self.tenants)}
+
+
+ALL_TENANTS = TenantScope(every=True)
+TENANT_FILTER = "({all_tenants:UInt8} = 1 OR tenant_id IN {tenants:Array(String)})"
 
 
 @dataclass
@@ -104,32 +136,36 @@ def dataset_revision_of(path: Path, name: str | None = None) -> str:
     return f"{name or path.stem}@sha256:{h.hexdigest()[:16]}"
 
 
-EXPORT_SQL = """
+EXPORT_SQL = f"""
 SELECT * FROM training_samples
-WHERE ({actor:String} = '' OR actor_revision = {actor:String})
-  AND ({dataset:String} = '' OR prompt_dataset_revision = {dataset:String})
-  AND ({include_rejected:UInt8} = 1 OR NOT rejected)
-ORDER BY group_id, sample_id
+WHERE {TENANT_FILTER}
+  AND ({{actor:String}} = '' OR actor_revision = {{actor:String}})
+  AND ({{dataset:String}} = '' OR prompt_dataset_revision = {{dataset:String}})
+  AND ({{include_rejected:UInt8}} = 1 OR NOT rejected)
+ORDER BY tenant_id, group_id, sample_id
 """
 
 
 def export_rows(query: Callable[[str, dict[str, Any]], Any], actor_revision: str | None,
-                dataset_revision: str | None, include_rejected: bool = False) -> tuple[list[str], list[list[Any]]]:
+                dataset_revision: str | None, include_rejected: bool = False, *,
+                tenants: TenantScope) -> tuple[list[str], list[list[Any]]]:
+    """Training samples of `tenants` (the view's group statistics are per tenant, so another tenant's
+    group of the same id never moves these advantages)."""
     res = query(EXPORT_SQL, {"actor": actor_revision or "", "dataset": dataset_revision or "",
-                             "include_rejected": int(include_rejected)})
+                             "include_rejected": int(include_rejected), **tenants.params()})
     return list(res.columns), [list(r) for r in res.rows]
 
 
-FEEDBACK_EXPORT_SQL = """
+FEEDBACK_EXPORT_SQL = f"""
 SELECT request_id AS sample_id, if(episode_id != '', episode_id, request_id) AS group_id, request_id,
        actor_revision, concat('feedback:', metric) AS prompt_dataset_revision, tokenizer_revision,
        chat_template_revision, prompt_token_ids, generated_token_ids, logprobs, value_float AS score,
        metric, feedback_id, target, tenant_id, model, adapter, deployment, answered_at AS created_at
 FROM training_candidates
-WHERE metric = {metric:String} AND length(generated_token_ids) > 0
-  AND ({op:String} = '' OR ({op:String} = '>=' AND value_float >= {x:Float64})
-                        OR ({op:String} = '<=' AND value_float <= {x:Float64}))
-ORDER BY group_id, sample_id, feedback_id
+WHERE {TENANT_FILTER} AND metric = {{metric:String}} AND length(generated_token_ids) > 0
+  AND ({{op:String}} = '' OR ({{op:String}} = '>=' AND value_float >= {{x:Float64}})
+                        OR ({{op:String}} = '<=' AND value_float <= {{x:Float64}}))
+ORDER BY tenant_id, group_id, sample_id, feedback_id
 """
 _SELECTOR = re.compile(r"^([a-z][a-z0-9_]{0,63})(?:(>=|<=)(-?[0-9.]+(?:e-?[0-9]+)?))?$")
 
@@ -151,10 +187,10 @@ def feedback_selector(text: str, settings: FeedbackSettings) -> tuple[str, str, 
 
 
 def feedback_export_rows(query: Callable[[str, dict[str, Any]], Any], metric: str, op: str,
-                         x: float) -> tuple[list[str], list[list[Any]]]:
-    """Served answers with this feedback, as samples: the token ids and logprobs recorded for them
-    (callers that asked for logprobs), their actor and template provenance, the value as `score`."""
-    res = query(FEEDBACK_EXPORT_SQL, {"metric": metric, "op": op, "x": x})
+                         x: float, *, tenants: TenantScope) -> tuple[list[str], list[list[Any]]]:
+    """Served answers of `tenants` with this feedback, as samples: the token ids and logprobs recorded
+    for them (callers that asked for logprobs), their actor and template provenance, the value as `score`."""
+    res = query(FEEDBACK_EXPORT_SQL, {"metric": metric, "op": op, "x": x, **tenants.params()})
     return list(res.columns), [list(r) for r in res.rows]
 
 

@@ -4,7 +4,11 @@ acknowledged.
 
 Protocol (what `__anext__` and `ack` do):
 1. Follow `control` into an ActorBook: the active actor revision and the order of activations.
-2. Consume `rollouts` in the group `<prefix>trainer.<name>`, offsets committed by hand only.
+2. Consume `rollouts` in the group `<prefix>trainer.<name>`, offsets committed by hand only. Only
+   the samples of the tenants the stream was opened for are read (`tenants`, required: a tenant's
+   rollouts train that tenant's model; `ALL_TENANTS` is the operator's explicit choice); another
+   tenant's sample is done at once and counted in `other_tenants`. Give each tenant set its own
+   trainer name: one consumer group skips, for good, what its scope leaves out.
 3. Collect samples by request: a group is complete when its `n` samples are in (`batch_context.n`).
    A group still incomplete after `partial_timeout_s` is dropped and counted (its samples were
    never all written).
@@ -37,6 +41,7 @@ from pipeline.config.settings import KafkaSecurity, kafka_kwargs
 from pipeline.contracts import Rollout
 from pipeline.contracts.rollout import RolloutConsumption
 from pipeline.registries.actor import ActorBook
+from pipeline.rollouts import TenantScope
 from pipeline.runtime.codec import decode, encode
 from pipeline.runtime.errors import DecodeError
 from pipeline.runtime.follower import ControlFollower
@@ -148,7 +153,11 @@ class _Revoked(ConsumerRebalanceListener):
 class RolloutStream:
     def __init__(self, bootstrap: str, topic_prefix: str = "llmpipe.", trainer: str = "trainer",
                  batch_groups: int = 8, max_staleness: int = 1, stale: Literal["drop", "flag"] = "drop",
-                 security: KafkaSecurity | None = None, poll_ms: int = 200, partial_timeout_s: float = 60.0) -> None:
+                 security: KafkaSecurity | None = None, poll_ms: int = 200, partial_timeout_s: float = 60.0, *,
+                 tenants: TenantScope) -> None:
+        if not isinstance(tenants, TenantScope):
+            raise TypeError("tenants: a TenantScope (TenantScope.of(['acme']) or ALL_TENANTS)")
+        self.tenants = tenants
         self.bootstrap = bootstrap
         self.names = TopicNames(topic_prefix)
         self.trainer = trainer
@@ -163,7 +172,7 @@ class RolloutStream:
         self.follower: ControlFollower | None = None
         self.consumer: AIOKafkaConsumer | None = None
         self.producer: AIOKafkaProducer | None = None
-        self._partial: dict[str, _Partial] = {}
+        self._partial: dict[tuple[str, str], _Partial] = {}
         self._held: dict[TopicPartition, list[tuple[Group, _Partial]]] = {}
         self._ready: list[tuple[Group, _Partial]] = []
         self._unacked: list[str] = []  # batch ids yielded, in order
@@ -171,6 +180,7 @@ class RolloutStream:
         self.dropped: Counter = Counter()  # actor revision -> stale samples dropped
         self._drops_unreported: Counter = Counter()
         self.unreadable = 0
+        self.other_tenants = 0  # samples of tenants outside `tenants`, skipped
 
     @property
     def group_id(self) -> str:
@@ -252,7 +262,12 @@ class RolloutStream:
             self.unreadable += 1  # generate wrote it: nothing a trainer can do but skip it
             self.offsets.done(tp, offset)
             return
-        p = self._partial.setdefault(r.request_id, _Partial())
+        if not self.tenants.admits(r.tenant_id):
+            self.other_tenants += 1
+            self.offsets.done(tp, offset)
+            return
+        key = (r.tenant_id, r.request_id)  # request ids are the callers': two tenants may share one
+        p = self._partial.setdefault(key, _Partial())
         if any(s.sample_id == r.sample_id for s in p.samples):  # a redelivered sample
             self.offsets.done(tp, offset)
             return
@@ -264,7 +279,7 @@ class RolloutStream:
         except (orjson.JSONDecodeError, TypeError, ValueError):
             p.n = 1
         if len(p.samples) >= p.n:
-            self._complete(r.request_id, self._partial.pop(r.request_id))
+            self._complete(r.request_id, self._partial.pop(key))
 
     def _complete(self, request_id: str, p: _Partial) -> None:
         """Step 4."""

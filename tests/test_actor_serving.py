@@ -44,7 +44,8 @@ def lora_stack(tmp_path_factory, prepared_model):
                  "allowed_roots": [str(roots)]},
         "adapters": [{"name": n, "revision": "r1", "path": str(roots / n), "rank": 8,
                       "sha256": adapter_digest(roots / n), "tenants": t} for n, t in allowed.items()],
-        "tenants": [{"name": t, "api_keys": [{"key_sha256": key_hash(k)}]} for t, k in keys.items()],
+        "tenants": [{"name": t, "api_keys": [{"key_sha256": key_hash(k), "roles": ["rollouts"]}]}  # rollouts: plain
+                    for t, k in keys.items()],
         "deployments": [{"name": "local-vllm", "engine": "vllm", "lora": True}],
         # no cache stage: a repeated prompt must reach the model every time
         "stages": [{"name": "mask"}, {"name": "route"}, {"name": "admit"}, {"name": "generate"},
@@ -202,7 +203,7 @@ def test_a_thumbs_down_on_an_adapter_answer_is_found_by_adapter_and_actor_and_ex
         time.sleep(1)
     assert found == [{"request_id": rid}]
     out = tmp_path / "liked-not.jsonl"
-    res = llmpipe("rollouts", "export", "--from-feedback", "thumbs_up<=0", "--format", "jsonl", "--out", str(out),
+    res = llmpipe("rollouts", "export", "--from-feedback", "thumbs_up<=0", "--tenant", "ta", "--format", "jsonl", "--out", str(out),
                   "--json", data_dir=data_dir)
     assert res.returncode == 0, res.stderr
     (row,) = [x for x in read_export(out) if x["request_id"] == rid]
@@ -253,7 +254,7 @@ def test_rollouts_are_sampled_scored_exported_and_their_logprobs_recompute(lora_
     exported = {}
     for fmt in ("parquet", "jsonl"):
         out = tmp_path / f"samples.{fmt}"
-        res = llmpipe("rollouts", "export", "--format", fmt, "--out", str(out), "--actor-revision", actor, "--json",
+        res = llmpipe("rollouts", "export", "--tenant", "plain", "--format", fmt, "--out", str(out), "--actor-revision", actor, "--json",
                       data_dir=data_dir)
         assert res.returncode == 0, res.stderr
         assert last_json(res)["rows"] == 12 and last_json(res)["groups"] == 3
@@ -440,7 +441,7 @@ def switch_actor_under_load(lora_stack, prepared_model, tmp_path):
     again = greedy_rollouts(data_dir, keys["plain"], ref_file, "ref-3")
     assert last_json(again)["actor_revisions"] == {next(iter(tag1)): 16}
     out = tmp_path / "all.jsonl"
-    assert llmpipe("rollouts", "export", "--format", "jsonl", "--out", str(out), "--include-rejected",
+    assert llmpipe("rollouts", "export", "--tenant", "plain", "--format", "jsonl", "--out", str(out), "--include-rejected",
                    data_dir=data_dir).returncode == 0
     from pipeline.rollouts import read_export
 
@@ -449,5 +450,6 @@ def switch_actor_under_load(lora_stack, prepared_model, tmp_path):
     assert {r["rejected"] for r in rows if r["actor_weights"] == "act-2"} == {1}
     assert {r["rejected"] for r in rows if r["actor_weights"] != "act-2"} == {0}
     kept = tmp_path / "kept.jsonl"
-    assert llmpipe("rollouts", "export", "--format", "jsonl", "--out", str(kept), data_dir=data_dir).returncode == 0
+    assert llmpipe("rollouts", "export", "--tenant", "plain", "--format", "jsonl", "--out", str(kept),
+                   data_dir=data_dir).returncode == 0
     assert not [r for r in read_export(kept) if r["actor_weights"] == "act-2"]

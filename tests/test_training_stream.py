@@ -17,14 +17,22 @@ from aiokafka import TopicPartition
 from pipeline.contracts import Rollout
 from pipeline.contracts.actor import ActorActivated
 from pipeline.runtime.codec import encode
-from pipeline.training import OffsetBook, RolloutStream, staleness, weights_revision
+from pipeline.rollouts import TenantScope
+from pipeline.training import OffsetBook, staleness, weights_revision
+from pipeline.training import RolloutStream as _RolloutStream
 from tests.conftest import ROOT, Sink, create_topics, settings_for, wait_until
 
 TP = TopicPartition("llmpipe.rollouts", 0)
+LAB = TenantScope.of(["lab"])
 
 
-def sample(request_id: str, i: int, n: int, actor: str = "smol@sha256:aa+actor@r1", created_ms: int = 0) -> Rollout:
-    return Rollout(sample_id=f"{request_id}:{i}", group_id=f"g-{request_id}", request_id=request_id,
+def RolloutStream(*args, tenants: TenantScope = LAB, **kw) -> _RolloutStream:  # noqa: N802 - the class, for tenant lab
+    return _RolloutStream(*args, tenants=tenants, **kw)
+
+
+def sample(request_id: str, i: int, n: int, actor: str = "smol@sha256:aa+actor@r1", created_ms: int = 0,
+           tenant: str = "lab") -> Rollout:
+    return Rollout(sample_id=f"{request_id}:{i}", group_id=f"g-{request_id}", request_id=request_id, tenant_id=tenant,
                    actor_revision=actor, temperature=1.0, top_p=1.0, max_tokens=8, prompt_token_ids=[1, 2],
                    generated_token_ids=[3], logprobs=[-0.1], finish_reason="stop", score=0.5,
                    batch_context=orjson.dumps({"n": n}).decode(), **({"created_ms": created_ms} if created_ms else {}))
@@ -82,6 +90,29 @@ def test_groups_complete_at_n_samples_and_stale_ones_are_dropped_or_flagged():
     assert [(g.request_id, g.stale, g.staleness) for g, _ in flag._ready] == [("a", True, 1)]
 
 
+def test_a_stream_reads_only_its_tenants_and_needs_them_named():
+    s = RolloutStream("unused:9092")
+    # mallory's samples, one of them under lab's request id: skipped, done, counted; never in a group
+    for off, r in enumerate([sample("a", 0, 2, tenant="mallory"), sample("a", 0, 2), sample("m", 0, 1, tenant="mallory"),
+                             sample("a", 1, 2)]):
+        s._take(TP, off, encode(r), now_ms=0)
+    s._release()
+    assert [(g.request_id, [x.tenant_id for x in g.samples]) for g, _ in s._ready] == [("a", ["lab", "lab"])]
+    assert s.other_tenants == 2
+    both = RolloutStream("unused:9092", tenants=TenantScope.of(["lab", "mallory"]))
+    for off, r in enumerate([sample("a", 0, 1, tenant="mallory"), sample("a", 0, 1)]):
+        both._take(TP, off, encode(r), now_ms=0)
+    both._release()
+    # one request id in two tenants is two groups
+    assert sorted(g.samples[0].tenant_id for g, _ in both._ready) == ["lab", "mallory"]
+    with pytest.raises(TypeError):
+        _RolloutStream("unused:9092")  # type: ignore[call-arg]
+    with pytest.raises(ValueError, match="--all-tenants"):
+        TenantScope.of([])
+    with pytest.raises(ValueError, match="not both"):
+        TenantScope.of(["lab"], all_tenants=True)
+
+
 def test_an_unreadable_record_is_skipped_and_counts_as_done():
     s = RolloutStream("unused:9092")
     s._take(TP, 0, b"{not json", now_ms=0)
@@ -125,7 +156,8 @@ def _follow(tmp_path, settings, name: str, *args: str) -> tuple[subprocess.Popen
     env = {**os.environ, "LLMPIPE_BOOTSTRAP": settings.bootstrap, "LLMPIPE_TOPIC_PREFIX": settings.topic_prefix,
            "LLMPIPE_DATA_DIR": str(tmp_path)}
     with open(out, "wb") as f:
-        proc = subprocess.Popen([sys.executable, "-m", "pipeline.cli", "rollouts", "follow", "--json", *args],
+        proc = subprocess.Popen([sys.executable, "-m", "pipeline.cli", "rollouts", "follow", "--json", "--tenant", "lab",
+                                 *args],
                                 cwd=ROOT, env=env, stdout=f, stderr=subprocess.STDOUT)
     return proc, out
 

@@ -25,6 +25,22 @@ from pipeline.cli.common import (
 )
 
 
+Tenants = Annotated[Optional[list[str]], typer.Option(
+    "--tenant", help="read only this tenant's samples; repeatable (or --all-tenants)")]
+AllTenants = Annotated[bool, typer.Option(
+    "--all-tenants", help="read every tenant's samples: the operator's explicit choice")]
+
+
+def _scope(tenant: Optional[list[str]], all_tenants: bool):
+    """Whose samples to read: required, so that no read takes every tenant's rows by default."""
+    from pipeline.rollouts import TenantScope
+
+    try:
+        return TenantScope.of(tenant, all_tenants)
+    except ValueError as exc:
+        raise CliError(str(exc)) from None
+
+
 @rollouts_app.command("submit")
 @command
 def rollouts_submit(file: Annotated[Path, typer.Option("--file", exists=True, dir_okay=False, help="JSONL of prompts")],
@@ -40,8 +56,9 @@ def rollouts_submit(file: Annotated[Path, typer.Option("--file", exists=True, di
                     max_tokens: Annotated[int, typer.Option("--max-tokens", min=1)] = 64,
                     seed: Annotated[Optional[int], typer.Option("--seed", help="sample i of a prompt uses seed + i")] = None,
                     verifier: Annotated[Optional[str], typer.Option(
-                        "--verifier", help="exact_match (line field `expected`), regex (`pattern`), python:mod:fn")] = None,
-                    reward: Annotated[Optional[str], typer.Option("--reward", help="verified | length_penalty | python:mod:fn")] = None,
+                        "--verifier", help="exact_match (line field `expected`), regex (`pattern`), or a "
+                                          "python:mod:fn the operator allows (generate's rollout_hooks)")] = None,
+                    reward: Annotated[Optional[str], typer.Option("--reward", help="verified | length_penalty | an allowed python:mod:fn")] = None,
                     reward_arg: Annotated[Optional[list[str]], typer.Option("--reward-arg", help="NAME=NUMBER; repeatable")] = None,
                     concurrency: Annotated[int, typer.Option("--concurrency", min=1)] = 8,
                     api_key: Annotated[Optional[str], typer.Option("--api-key", envvar="LLMPIPE_API_KEY")] = None,
@@ -86,33 +103,32 @@ def rollouts_export(out_file: Annotated[Path, typer.Option("--out", help="the fi
                         "--include-rejected", help="also samples of rolled-back actor revisions (column `rejected`)")] = False,
                     from_feedback: Annotated[Optional[str], typer.Option(
                         "--from-feedback", help="METRIC[>=X]: served answers with this feedback, not rollouts")] = None,
+                    tenant: Tenants = None, all_tenants: AllTenants = False,
                     data_dir: DataDir = Path(".llmpipe"), config: ConfigFile = None, bootstrap: Bootstrap = None,
                     json: Json = False) -> None:
     """Write training-ready samples (the `training_samples` view: ids, logprobs, score, advantage),
-    or with --from-feedback served answers with their feedback (the `training_candidates` view)."""
+    or with --from-feedback served answers with their feedback (the `training_candidates` view), of
+    the tenants named with --tenant (or every tenant with --all-tenants)."""
     from pipeline.rollouts import EXPORT_FORMATS, export_rows, feedback_export_rows, feedback_selector, write_export
 
     if format not in EXPORT_FORMATS:
         raise CliError(f"--format must be one of {', '.join(EXPORT_FORMATS)}")
+    scope = _scope(tenant, all_tenants)
     s = _settings(data_dir, config, bootstrap)
     if from_feedback is not None:
         try:
             metric, op, x = feedback_selector(from_feedback, s.feedback)
         except ValueError as exc:
             raise CliError(str(exc)) from None
-        columns, rows = feedback_export_rows(_query_fn(s), metric, op, x)
+        columns, rows = feedback_export_rows(_query_fn(s), metric, op, x, tenants=scope)
     else:
-        columns, rows = export_rows(_query_fn(s), actor_revision, dataset_revision, include_rejected)
+        columns, rows = export_rows(_query_fn(s), actor_revision, dataset_revision, include_rejected, tenants=scope)
     write_export(columns, rows, out_file, format)
     doc = {"rows": len(rows), "groups": len({r[columns.index("group_id")] for r in rows}), "path": str(out_file),
            "format": format}
     if not json:
         out.print(f"wrote {doc['rows']} samples in {doc['groups']} groups to {out_file}")
     _print_json(doc)
-
-
-
-
 
 
 @rollouts_app.command("follow")
@@ -126,10 +142,12 @@ def rollouts_follow(trainer: Annotated[str, typer.Option("--trainer", help="the 
                     out_file: Annotated[Optional[Path], typer.Option(
                         "--out", help="append each batch's samples here (JSONL) before acknowledging it")] = None,
                     max_batches: Annotated[Optional[int], typer.Option("--max-batches", min=1)] = None,
+                    tenant: Tenants = None, all_tenants: AllTenants = False,
                     data_dir: DataDir = Path(".llmpipe"), config: ConfigFile = None, bootstrap: Bootstrap = None,
                     json: Json = False) -> None:
-    """Consume rollouts as a trainer would: batches of complete, fresh sample groups, acknowledged
-    (committed) once written. Prints one line per acknowledged batch."""
+    """Consume rollouts as a trainer would: batches of complete, fresh sample groups of the tenants
+    named (--tenant, or --all-tenants), acknowledged (committed) once written. Prints one line per
+    acknowledged batch."""
     import asyncio
     import os
 
@@ -139,13 +157,14 @@ def rollouts_follow(trainer: Annotated[str, typer.Option("--trainer", help="the 
 
     if stale not in ("drop", "flag"):
         raise CliError("--stale must be drop or flag")
+    scope = _scope(tenant, all_tenants)
     s = _settings(data_dir, config, bootstrap)
     bs, prefix = _stack_bootstrap(s)
 
     async def run() -> int:
         done = 0
         async with RolloutStream(bs, prefix, trainer=trainer, batch_groups=batch_groups, max_staleness=max_staleness,
-                                 stale=stale, security=s.kafka) as stream:  # type: ignore[arg-type]
+                                 stale=stale, security=s.kafka, tenants=scope) as stream:  # type: ignore[arg-type]
             async for batch in stream:
                 if out_file is not None:
                     with open(out_file, "ab") as f:

@@ -13,14 +13,15 @@ from dataclasses import dataclass, field
 from pydantic import BaseModel, Field
 
 from pipeline.config.settings import Deployment
-from pipeline.contracts import Evidence, RequestDoc
+from pipeline.contracts import Evidence, RequestDoc, Response, Usage
 from pipeline.contracts.adapter import AdapterSpec
 from pipeline.contracts.request import GenerationSection
 from pipeline.engines.chat_engine import Generation, Sampling, as_chat, chat_prompt_len
 from pipeline.registries.adapters import AdapterRegistry
 from pipeline.runtime.stage import SideRecord
 from pipeline.stages.generate.deployments import BreakerPolicy, Needs, RetryPolicy, candidates, estimated_cost
-from pipeline.stages.generate.rollouts.rewards import HookError, Scorer, scorer_for
+from pipeline.stages.generate.rollouts.hooks import RolloutHooks, scorer_for
+from pipeline.stages.generate.rollouts.rewards import HookError, Scorer
 from pipeline.stages.generate.rollouts.samples import actor_revision_of
 from pipeline.stages.generate.stream import StreamPolicy
 
@@ -37,6 +38,8 @@ class GeneratePolicy(BaseModel):
     adapter_reserve_slots: int = Field(2, ge=0, description="LoRA engines: slots kept for an adapter with nothing "
                                                             "running, so a burst cannot take them all")
     stream: StreamPolicy = Field(default_factory=StreamPolicy, description="how streamed answers are coalesced")
+    rollout_hooks: RolloutHooks = Field(default_factory=RolloutHooks, description="the verifier and reward hooks "
+                                        "a rollout request may name, and their arguments' bounds")
 
 
 def sampling_for(doc: RequestDoc, policy: GeneratePolicy) -> Sampling:
@@ -103,12 +106,12 @@ class PlanError(ValueError):
 
 def plan_for(doc: RequestDoc, policy: GeneratePolicy, tokenizer, deployments: list[Deployment],
              adapters: AdapterRegistry, actor: AdapterSpec | None) -> Plan:
-    """Raises PlanError for a rollout whose verifier does not load."""
+    """Raises PlanError for a rollout naming a hook or an argument the policy does not allow."""
     sampling = sampling_for(doc, policy)
     scorer: Scorer | None = None
     if doc.rollout is not None:
         try:
-            scorer = scorer_for(doc.rollout.verifier, doc.rollout.reward)
+            scorer = scorer_for(doc.rollout.verifier, doc.rollout.reward, policy.rollout_hooks)
         except HookError as exc:
             raise PlanError("invalid_request", str(exc)) from None
     spec = actor or (adapters.specs.get(doc.route.adapter) if doc.route and doc.route.adapter else None)
@@ -166,6 +169,14 @@ def section_from(gens: list[Generation], d: Deployment, *, attempts: int, fallba
         engine_queue_ms=None if g.engine_queue_ms is None else round(g.engine_queue_ms, 2),
         attempts=attempts, fallback_from=fallback_from, cost_usd=round(cost, 8), adapter=adapter,
         actor_revision=actor_revision_of(g))
+
+
+def billed(resp: Response, gens: list[Generation], d: Deployment) -> Response:
+    """An error answer after the engine ran (a rollout whose scoring failed) still carries what the
+    samples cost: admit settles the tenant's hold with it, so a failing hook is no free generation."""
+    sec = section_from(gens, d, attempts=1, fallback_from=[])
+    return resp.model_copy(update={"deployment": d.name, "cost_usd": sec.cost_usd,
+                                   "usage": Usage(prompt_tokens=sec.tokens_in, completion_tokens=sec.tokens_out)})
 
 
 def generated_scores(sec: GenerationSection, plan: Plan, d: Deployment, done: Attempted, attempt: int,

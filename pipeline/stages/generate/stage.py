@@ -40,6 +40,7 @@ from pipeline.stages.generate.attempts import (
     GeneratePolicy,
     Plan,
     PlanError,
+    billed,
     generated_labels,
     generated_scores,
     plan_for,
@@ -49,7 +50,8 @@ from pipeline.stages.generate.deployments import RETRYABLE, Breaker, NextStep, b
 from pipeline.stages.generate.fair_gate import FairGate
 from pipeline.stages.generate.lora.host import AdapterHost
 from pipeline.stages.generate.lora.refusal import adapter_refusal
-from pipeline.stages.generate.rollouts.samples import rollout_rows, sample_seeds
+from pipeline.stages.generate.rollouts.rewards import HookFailed, Scored
+from pipeline.stages.generate.rollouts.samples import rollout_rows, sample_seeds, score_samples
 from pipeline.stages.generate.stream import DeltaFlusher, DeltaSink
 from pipeline.stages.postprocess.policy import PostprocessPolicy
 
@@ -253,7 +255,7 @@ class GenerateStage(Stage):
             withdrawn.append(c)
             task.cancel()
 
-        unwatch = self.cancels.watch(doc.request_id, cancel) if self.cancels is not None else (lambda: None)
+        unwatch = self.cancels.watch(doc, cancel) if self.cancels is not None else (lambda: None)
         try:
             return await task
         except asyncio.CancelledError:
@@ -330,7 +332,7 @@ class GenerateStage(Stage):
                     await asyncio.sleep(step.wait_ms / 1000)
                 continue
             await self._record(d.name, True, "success")
-            return self._generated(a, plan, d, done, attempt)
+            return await self._scored(a, plan, d, done, attempt)
         if a.wrong_actor and not a.tried:
             return self._failed(a, "actor_revision_unavailable",
                                 f"no deployment serves actor revision {doc.rollout.actor_revision if doc.rollout else ''}",
@@ -397,7 +399,21 @@ class GenerateStage(Stage):
                   scores={"latency_ms": round(ms, 2), "wait_ms": float(step.wait_ms), "attempt": float(attempt)})
         return step
 
-    def _generated(self, a: Attempts, plan: Plan, d: Deployment, done: Attempted, attempt: int) -> Outcome:
+    async def _scored(self, a: Attempts, plan: Plan, d: Deployment, done: Attempted, attempt: int) -> Outcome:
+        """A rollout's samples are scored in a thread under the policy's bounds (rollouts/samples.py); a
+        hook that fails or runs out of time is this request's answer, never the worker's failure."""
+        scores: list[Scored] = []
+        if a.doc.rollout is not None and plan.scorer is not None:
+            try:
+                scores = await score_samples(plan.scorer, done.gens, self.policy.rollout_hooks.score_timeout_s)
+            except HookFailed as exc:  # the samples were made: the answer bills them (attempts.billed)
+                out = self._failed(a, exc.error_class, str(exc), Status.rejected)
+                out.response = billed(out.response, done.gens, d) if out.response is not None else None
+                return out
+        return self._generated(a, plan, d, done, attempt, scores)
+
+    def _generated(self, a: Attempts, plan: Plan, d: Deployment, done: Attempted, attempt: int,
+                   scores: list[Scored]) -> Outcome:
         """The answer: the generation section, a rollout's scored samples, the `ok` and `generated` rows."""
         doc, spec = a.doc, plan.spec
         sec = section_from(done.gens, d, attempts=attempt, fallback_from=list(a.tried[:-1]),
@@ -405,7 +421,7 @@ class GenerateStage(Stage):
         rollouts = []
         if doc.rollout is not None and plan.scorer is not None:
             rollouts, summary = rollout_rows(
-                doc, done.gens, sample_seeds(doc, plan.sampling, plan.n), plan.sampling, plan.scorer,
+                doc, done.gens, sample_seeds(doc, plan.sampling, plan.n), plan.sampling, plan.scorer, scores,
                 self.provenance[d.name],
                 {"deployment": d.name, "worker": self.member, "n": plan.n, "engine_max_num_seqs":
                  self.ctx.settings.engine.max_num_seqs, "gate_in_flight_at_start": done.in_flight})
@@ -443,8 +459,8 @@ class GenerateStage(Stage):
             return DeltaSink(doc.request_id, attempt)
         if self.deltas is None:
             self.deltas = DeltaFlusher(self.producer, self.names.deltas)
-        self.deltas.throttle.window_ms, self.deltas.max_tokens = self.policy.stream.window_ms, self.policy.stream.max_tokens
-        return self.deltas.sink(doc.request_id, attempt, reply.partition, self._unmasker(doc))
+        self.deltas.configure(self.policy.stream, self.keyring)  # coalescing, and sealing (stream.seal)
+        return self.deltas.sink(doc.request_id, attempt, reply.partition, self._unmasker(doc), doc.tenant_id)
 
     def _unmasker(self, doc: RequestDoc) -> StreamUnmasker:
         """What postprocess will do to the whole answer, done to each piece: restore the placeholders

@@ -1,24 +1,27 @@
 """Verifier and reward hooks that score RL samples (generate calls them on every rollout sample).
 
 A verifier says whether a sample is right (True/False); a reward turns the sample and that verdict
-into the float a trainer optimises. Both are looked up by name: the ones shipped here, or any
-`python:package.module:function` on the worker's path (the pluggable part). A hook's revision is
-the digest of its source, so a changed scoring function shows up as another `verifier_revision` /
-`reward_revision` in `rollouts` without anyone remembering to bump a number.
+into the float a trainer optimises, within the range the hook declares. Which hooks a request may
+name, and with what arguments, is the operator's choice (rollouts/hooks.py); this module holds the
+shipped hooks and the scoring itself. A hook's revision is the digest of its source, so a changed
+scoring function shows up as another `verifier_revision` / `reward_revision` in `rollouts` without
+anyone remembering to bump a number.
 """
 
 from __future__ import annotations
 
 import hashlib
-import importlib
 import inspect
-import re
+import math
+import time
 import unicodedata
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from pipeline.contracts.request import HookSpec
+import regex as re_bounded  # patterns come from callers: a timeout, and no backtracking blow-up on the loop
+
+REGEX_CALL_S = 0.05  # one match, when no budget is given (the policy sets both)
 
 
 @dataclass(frozen=True)
@@ -33,14 +36,46 @@ class Hook:
     name: str
     revision: str
     fn: Callable[..., Any]
+    range: tuple[float, float] | None = None  # a reward's declared [lo, hi]
+
+
+@dataclass(frozen=True)
+class Scored:
+    verified: bool | None
+    score: float | None
+    clipped_from: float | None = None  # the reward hook's own value, when it lay outside its range
 
 
 class HookError(ValueError):
-    """An unknown hook or arguments it cannot use: the request is invalid, not the engine."""
+    """A hook the request may not name, or arguments it may not give: the request is invalid, not the engine."""
 
 
-VERIFIERS: dict[str, Callable[[Sample, dict[str, Any]], bool]] = {}
-REWARDS: dict[str, Callable[[Sample, bool | None, dict[str, Any]], float]] = {}
+class HookFailed(Exception):
+    """Scoring a sample failed (a pattern ran out of time, an operator's hook raised or returned no
+    number): the request's answer, never the worker's failure. Not a TimeoutError on purpose."""
+
+    def __init__(self, error_class: str, reason: str) -> None:
+        super().__init__(reason)
+        self.error_class = error_class
+
+
+class Budget:
+    """Time for a request's regex matches: each call gets at most `per_call_s`, all together `total_s`."""
+
+    def __init__(self, total_s: float, per_call_s: float) -> None:
+        self.left_s, self.per_call_s = total_s, per_call_s
+
+    def next_call_s(self) -> float:
+        if self.left_s <= 0:
+            raise HookFailed("rollout_hook_timeout", "regex verifier: the request's pattern budget is spent")
+        return min(self.per_call_s, self.left_s)
+
+    def spend(self, seconds: float) -> None:
+        self.left_s -= seconds
+
+
+VERIFIERS: dict[str, Callable[..., bool]] = {}
+REWARDS: dict[str, Callable[..., float]] = {}
 
 
 def _normalise(text: str) -> str:
@@ -54,14 +89,29 @@ def exact_match(sample: Sample, args: dict[str, Any]) -> bool:
     return _normalise(sample.text) == _normalise(str(args["expected"]))
 
 
-def regex(sample: Sample, args: dict[str, Any]) -> bool:
-    """`pattern` occurs in the answer (`full: true`: the whole answer matches)."""
+def compile_pattern(args: dict[str, Any]) -> Any:
+    """The regex verifier's pattern, compiled by the `regex` module. Raises HookError."""
     try:
-        pattern = re.compile(str(args["pattern"]), re.IGNORECASE if args.get("ignore_case") else 0)
-    except (KeyError, re.error) as exc:
+        return re_bounded.compile(str(args["pattern"]), re_bounded.IGNORECASE if args.get("ignore_case") else 0)
+    except (KeyError, re_bounded.error) as exc:
         raise HookError(f"regex needs a valid args.pattern: {exc}") from None
-    text = sample.text.strip()
-    return bool(pattern.fullmatch(text) if args.get("full") else pattern.search(text))
+
+
+def regex(sample: Sample, args: dict[str, Any], *, compiled: Any = None, budget: Budget | None = None) -> bool:
+    """`pattern` occurs in the answer (`full: true`: the whole answer matches), within the time budget.
+    `concurrent`: the match releases the GIL, so the event loop's thread keeps running meanwhile."""
+    pattern = compiled if compiled is not None else compile_pattern(args)
+    timeout_s = (budget or Budget(REGEX_CALL_S, REGEX_CALL_S)).next_call_s()
+    match = pattern.fullmatch if args.get("full") else pattern.search
+    t0 = time.perf_counter()
+    try:
+        return match(sample.text.strip(), timeout=timeout_s, concurrent=True) is not None
+    except TimeoutError:
+        raise HookFailed("rollout_hook_timeout",
+                         f"regex verifier: the pattern ran past {timeout_s * 1000:.0f} ms on one sample") from None
+    finally:
+        if budget is not None:
+            budget.spend(time.perf_counter() - t0)
 
 
 def verified(sample: Sample, ok: bool | None, args: dict[str, Any]) -> float:
@@ -71,7 +121,7 @@ def verified(sample: Sample, ok: bool | None, args: dict[str, Any]) -> float:
 
 def length_penalty(sample: Sample, ok: bool | None, args: dict[str, Any]) -> float:
     """The verdict's reward (1/0) minus `per_token` for every generated token beyond `free_tokens`,
-    and minus `truncated` when the sample hit max_tokens."""
+    and minus `truncated` when the sample hit max_tokens (clipped to the declared [-1, 1])."""
     per_token = float(args.get("per_token", 0.01))
     free = int(args.get("free_tokens", 0))
     truncated = float(args.get("truncated", 0.5)) if sample.finish_reason == "length" else 0.0
@@ -82,26 +132,37 @@ VERIFIERS.update(exact_match=exact_match, regex=regex)
 REWARDS.update(verified=verified, length_penalty=length_penalty)
 
 
-def _revision(name: str, fn: Callable[..., Any]) -> str:
+def revision(name: str, fn: Callable[..., Any]) -> str:
     try:
         source = inspect.getsource(fn)
     except (OSError, TypeError):
-        source = f"{fn.__module__}.{fn.__qualname__}"
+        source = f"{getattr(fn, '__module__', '')}.{getattr(fn, '__qualname__', repr(fn))}"
     return f"{name}@{hashlib.sha256(source.encode()).hexdigest()[:12]}"
 
 
-def resolve(spec: HookSpec, table: dict[str, Callable[..., Any]]) -> Hook:
-    if spec.name.startswith("python:"):
-        module, _, attr = spec.name.removeprefix("python:").partition(":")
-        try:
-            fn = getattr(importlib.import_module(module), attr)
-        except (ImportError, AttributeError, ValueError) as exc:
-            raise HookError(f"hook {spec.name!r} does not load: {exc}") from None
-    elif spec.name in table:
-        fn = table[spec.name]
-    else:
-        raise HookError(f"unknown hook {spec.name!r}; shipped: {', '.join(sorted(table))}, or python:module:function")
-    return Hook(spec.name, _revision(spec.name, fn), fn)
+def _call(hook: Hook, *args: Any) -> Any:
+    """An operator's hook runs inside the worker: whatever it raises (SystemExit included) fails this
+    request's scoring, by type name only (its message may quote the sample)."""
+    try:
+        return hook.fn(*args)
+    except (HookFailed, KeyboardInterrupt):
+        raise
+    except BaseException as exc:  # noqa: BLE001 - an operator's hook must not stop the worker
+        raise HookFailed("rollout_hook_failed", f"hook {hook.name!r} raised {type(exc).__name__}") from None
+
+
+def bounded(hook: Hook, value: Any) -> tuple[float, float | None]:
+    """A reward within its declared range: NaN, infinity or a non-number is refused (HookFailed); a
+    value outside the range is clipped, and the raw value returned as the flag."""
+    try:
+        x = float(value)
+    except (TypeError, ValueError):
+        raise HookFailed("rollout_hook_failed", f"reward {hook.name!r} returned {type(value).__name__}, "
+                                                "not a number") from None
+    if not math.isfinite(x):
+        raise HookFailed("rollout_hook_failed", f"reward {hook.name!r} returned {x}")
+    lo, hi = hook.range or (0.0, 1.0)
+    return (x, None) if lo <= x <= hi else (min(hi, max(lo, x)), x)
 
 
 @dataclass(frozen=True)
@@ -111,15 +172,13 @@ class Scorer:
     verifier_args: dict[str, Any]
     reward_args: dict[str, Any]
 
-    def score(self, sample: Sample) -> tuple[bool | None, float | None]:
-        ok = None if self.verifier is None else bool(self.verifier.fn(sample, self.verifier_args))
-        if self.reward is not None:
-            return ok, float(self.reward.fn(sample, ok, self.reward_args))
-        return ok, None if ok is None else (1.0 if ok else 0.0)
+    def score(self, sample: Sample) -> Scored:
+        """Raises HookFailed."""
+        ok = None if self.verifier is None else bool(_call(self.verifier, sample, self.verifier_args))
+        if self.reward is None:
+            return Scored(ok, None if ok is None else (1.0 if ok else 0.0))
+        value, raw = bounded(self.reward, _call(self.reward, sample, ok, self.reward_args))
+        return Scored(ok, value, raw)
 
-
-def scorer_for(verifier: HookSpec | None, reward: HookSpec | None) -> Scorer:
-    """Resolve both hooks up front, so a bad name fails the request before any sampling."""
-    return Scorer(None if verifier is None else resolve(verifier, VERIFIERS),
-                  None if reward is None else resolve(reward, REWARDS),
-                  verifier.args if verifier else {}, reward.args if reward else {})
+    def score_all(self, samples: list[Sample]) -> list[Scored]:
+        return [self.score(s) for s in samples]

@@ -3,6 +3,7 @@ came from, and the `rollouts` rows (full provenance, score) plus the caller's su
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 from typing import Any
 
@@ -12,7 +13,7 @@ from pipeline.contracts import RequestDoc, Rollout
 from pipeline.contracts.request import SampleSummary
 from pipeline.engines.chat_engine import Generation, Sampling
 from pipeline.engines.provenance import Provenance
-from pipeline.stages.generate.rollouts.rewards import Sample, Scorer
+from pipeline.stages.generate.rollouts.rewards import HookFailed, Sample, Scored, Scorer
 
 
 def sample_seeds(doc: RequestDoc, sampling: Sampling, n: int) -> list[int]:
@@ -28,14 +29,29 @@ def actor_revision_of(g: Generation) -> str:
     return g.model_revision if g.adapter is None else f"{g.model_revision}+{g.adapter}"
 
 
+async def score_samples(scorer: Scorer, gens: list[Generation], timeout_s: float) -> list[Scored]:
+    """Every sample scored in a thread, never on the event loop (a caller's pattern, an operator's
+    hook), and all of it within `timeout_s`. Raises HookFailed: the request's answer. A hook that
+    never returns keeps its thread; the request is answered all the same."""
+    samples = [Sample(g.text, g.tokens_out, g.finish_reason) for g in gens]
+    try:
+        async with asyncio.timeout(timeout_s):
+            return await asyncio.to_thread(scorer.score_all, samples)
+    except TimeoutError:
+        raise HookFailed("rollout_hook_timeout", f"scoring the samples took more than {timeout_s:g} s") from None
+
+
 def rollout_rows(doc: RequestDoc, gens: list[Generation], seeds: list[int], sampling: Sampling, scorer: Scorer,
-                 prov: Provenance, batch: dict[str, Any]) -> tuple[list[Rollout], list[SampleSummary]]:
+                 scores: list[Scored], prov: Provenance,
+                 batch: dict[str, Any]) -> tuple[list[Rollout], list[SampleSummary]]:
+    """A reward clipped into its declared range says so in the row's batch_context (`reward_clipped_from`)."""
     r = doc.rollout
     assert r is not None
     rows, summary = [], []
-    for i, (g, seed) in enumerate(zip(gens, seeds)):
+    for i, (g, seed, sc) in enumerate(zip(gens, seeds, scores, strict=True)):
         sample_id = f"{doc.request_id}:{i}"
-        ok, score = scorer.score(Sample(g.text, g.tokens_out, g.finish_reason))
+        ok, score = sc.verified, sc.score
+        flag = {} if sc.clipped_from is None else {"reward_clipped_from": sc.clipped_from}
         rows.append(Rollout(
             sample_id=sample_id, group_id=r.group_id, request_id=doc.request_id, tenant_id=doc.tenant_id or "",
             episode_id=doc.episode_id or "",
@@ -45,7 +61,7 @@ def rollout_rows(doc: RequestDoc, gens: list[Generation], seeds: list[int], samp
             reference_revision=r.reference_revision, tokenizer_revision=prov.tokenizer_revision,
             chat_template_revision=prov.chat_template_revision, temperature=sampling.temperature,
             top_p=sampling.top_p, max_tokens=sampling.max_tokens, seed=seed, runtime=prov.runtime,
-            hardware=prov.hardware, batch_context=orjson.dumps({**batch, "sample": i}).decode(),
+            hardware=prov.hardware, batch_context=orjson.dumps({**batch, "sample": i, **flag}).decode(),
             prompt_token_ids=g.prompt_token_ids, generated_token_ids=g.token_ids, logprobs=g.logprobs or [],
             finish_reason=g.finish_reason, score=score))
         summary.append(SampleSummary(sample_id=sample_id, text=g.text, tokens_out=g.tokens_out,

@@ -13,7 +13,6 @@ import stat
 import subprocess
 import sys
 import threading
-from pathlib import Path
 
 import pytest
 from fastapi.testclient import TestClient

@@ -501,6 +501,7 @@ def test_zz_generate_killed_mid_stream_shows_no_text_twice(door):
     from pipeline.contracts.request import ChatBody, ChatMessage
     from pipeline.ingress.client import Client
     from pipeline.ingress.stream_follow import Ended
+    from pipeline.security.sealing import Keyring
 
     info, keys, data_dir = door
     pid = info["pids"]["worker:generate"]
@@ -524,6 +525,7 @@ def test_zz_generate_killed_mid_stream_shows_no_text_twice(door):
     async def run():
         async with Client(info["bootstrap"], topic_prefix=info["topic_prefix"],
                           doorbell_dir=Path(info["doorbell_dir"])) as cl:
+            cl.delta_keyring = Keyring.local(data_dir / "secrets")  # generate seals deltas; this client may open them
             body = ChatBody(messages=[ChatMessage(role="user", content="Count from 1 to 100, separated by commas.")],
                             max_tokens=64, temperature=0)
             doc = cl.build(body=body, api_key=keys["acme"], timeout_s=400)

@@ -81,7 +81,8 @@ def _wait_port(port: int, timeout: float = 30) -> None:
     raise AssertionError(f"the mock upstream did not listen on {port}")
 
 
-@pytest.fixture(scope="session")
+# package scope: down once the last test of tests/security/ ran, not idling through the rest of the suite
+@pytest.fixture(scope="package")
 def review_stack(tmp_path_factory) -> Iterator[Stack]:
     port = free_port()
     upstream = subprocess.Popen([sys.executable, str(ROOT / "bench" / "mock_upstream.py"), "--port", str(port)],
@@ -100,7 +101,8 @@ def review_stack(tmp_path_factory) -> Iterator[Stack]:
                 {"name": "slowpoke", "limits": {"rpm": 5},
                  "api_keys": [{"key_sha256": key_hash(keys["slow"]), "principal": "slow"}]},
             ],
-            "deployments": [{"name": "mock", "engine": "openai", "base_url": f"http://127.0.0.1:{port}/v1"}],
+            "deployments": [{"name": "mock", "engine": "openai", "base_url": f"http://127.0.0.1:{port}/v1",
+                             "max_context": 32_768}],  # the mock takes any prompt (the race test sends ~10k tokens)
             "stages": [{"name": "mask"}, {"name": "cache"},
                        {"name": "route", "policy": {"default_route": "simple", "routes": {
                            "simple": {"model": "small", "deployments": ["mock"], "exemplars": ["Say hello"]}}}},

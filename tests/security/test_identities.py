@@ -12,7 +12,9 @@ import asyncio
 import uuid
 
 import httpx
+import orjson
 import pytest
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 
 from pipeline.config.tenants import TenantSpec
 from pipeline.contracts import Cancel, Delta, RequestDoc, Response, Status
@@ -202,3 +204,57 @@ def test_a_cancel_from_another_tenant_is_ignored(review_stack):
     assert withdrawn.status == "cancelled", withdrawn
     assert kept.status == "ok" and kept.tenant_id == "acme", kept
     assert review_stack.chat("bob", "still serving after the cancels").status_code == 200
+
+
+# ---- the race the finding describes: another tenant answers an HTTP caller's pending id ---------
+
+SLOW_PROMPT = "identities: race me, call 010-1234-5678 " * 700  # ~29k characters: seconds in mask
+
+
+async def _race_into_the_door(stack) -> httpx.Response:
+    """alice posts a prompt mask takes seconds over; bob, reading `requests` like any reader of the
+    topic, publishes his own short request under her id with her reply_to (the door's partition),
+    on another key (so another partition of `requests`): his answer reaches the door first."""
+    info = stack.info
+    topic = f"{info['topic_prefix']}requests"
+    reader = AIOKafkaConsumer(bootstrap_servers=info["bootstrap"], group_id=None, enable_auto_commit=False,
+                              fetch_max_wait_ms=50)
+    await reader.start()
+    producer = AIOKafkaProducer(bootstrap_servers=info["bootstrap"])
+    await producer.start()
+    try:
+        parts = [TopicPartition(topic, p) for p in sorted(await producer.partitions_for(topic))]
+        reader.assign(parts)
+        await reader.seek_to_end(*parts)
+        for tp in parts:
+            await reader.position(tp)
+        alice = asyncio.create_task(asyncio.to_thread(stack.chat, "alice", SLOW_PROMPT, 120))
+        seen = None
+        deadline = asyncio.get_running_loop().time() + 30
+        while seen is None and asyncio.get_running_loop().time() < deadline:
+            for recs in (await reader.getmany(timeout_ms=200)).values():
+                for r in recs:
+                    doc = orjson.loads(r.value)
+                    if "race me" in doc["body"]["messages"][0]["content"]:
+                        seen = doc
+        assert seen is not None, "alice's request never showed on requests"
+        forged = RequestDoc(request_id=seen["request_id"], api_key=stack.keys["bob"], reply_to=seen["reply_to"],
+                            body=ChatBody(messages=[ChatMessage(role="user", content="Say hello")], max_tokens=1))
+        bob_sent = asyncio.get_running_loop().time()
+        await producer.send_and_wait(topic, encode(forged), key=b"bob-" + uuid.uuid4().hex.encode())
+        answered = await alice
+        assert asyncio.get_running_loop().time() - bob_sent > 0.5, "alice was answered too soon for a race"
+        return answered
+    finally:
+        await producer.stop()
+        await reader.stop()
+
+
+def test_another_tenant_cannot_answer_an_http_callers_pending_request(review_stack):
+    answered = asyncio.run(_race_into_the_door(review_stack))
+    assert answered.status_code == 200, answered.text
+    text = answered.json()["choices"][0]["message"]["content"]
+    # the mock upstream answers max_tokens words: bob's forged answer was one word, alice's is several
+    assert len(text.split()) > 1, f"alice got bob's one-token answer: {text!r}"
+    metrics = httpx.get(review_stack.http_url + "/metrics", timeout=10).text
+    assert 'llmpipe_client_foreign_records_total{kind="answer"}' in metrics, "the door did not count the foreign answer"

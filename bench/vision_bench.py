@@ -36,7 +36,7 @@ from pipeline.engines.mobilenet import MobileNetEncoder  # noqa: E402
 from pipeline.stages.media.decode import ProcessorConfig, decode  # noqa: E402
 from pipeline.stages.media.fetch import FetchLimits, fetch_image  # noqa: E402
 from pipeline.stages.media.guard import FetchRules  # noqa: E402
-from tests.media_servers import ImageServer, jpeg  # noqa: E402
+from tests.support.media_servers import ImageServer, jpeg  # noqa: E402
 
 console = Console()
 

@@ -21,8 +21,8 @@ import yaml
 from pipeline.engines.lora_factory import make_adapter
 from pipeline.registries.adapters import adapter_digest
 from pipeline.registries.tenants import key_hash, new_api_key
-from tests.conftest import ROOT
-from tests.test_cli_stack import last_json, llmpipe
+from tests.support.cli import last_json, llmpipe
+from tests.support.paths import ROOT
 
 pytestmark = pytest.mark.integration
 

@@ -11,9 +11,18 @@ from pipeline.config.lora import LoraSettings
 from pipeline.config.settings import Settings, StageSpec
 from pipeline.contracts import RequestDoc
 from pipeline.contracts.adapter import AdapterSpec
-from pipeline.contracts.control import AdapterRegistered, AdapterStateChanged, ControlRecord
+from pipeline.contracts.control import (
+    AdapterRegistered,
+    AdapterStateChanged,
+    ControlRecord,
+)
 from pipeline.contracts.request import RouteSection
-from pipeline.registries.adapters import AdapterRegistry, adapter_digest, incompatibility, verified_snapshot
+from pipeline.registries.adapters import (
+    AdapterRegistry,
+    adapter_digest,
+    incompatibility,
+    verified_snapshot,
+)
 from pipeline.runtime.codec import decode, encode
 from pipeline.runtime.stage import StageContext
 from pipeline.stages.route.stage import pick_adapter

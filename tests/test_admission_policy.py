@@ -4,7 +4,17 @@ reservations settled by real cost, and the queue-or-reject choice."""
 from __future__ import annotations
 
 from pipeline.config.tenants import RateLimits, TenantLimits
-from pipeline.stages.admit.policy import Ask, Lane, Meter, TenantState, admit, evaluate, remaining, roll, settle
+from pipeline.stages.admit.policy import (
+    Ask,
+    Lane,
+    Meter,
+    TenantState,
+    admit,
+    evaluate,
+    remaining,
+    roll,
+    settle,
+)
 from pipeline.stages.admit.stage import split_share
 
 T0 = 1_790_000_000_000  # some UTC instant

@@ -18,8 +18,9 @@ from pipeline.runtime.codec import decode
 from pipeline.runtime.launch import stage_worker
 from pipeline.runtime.topics import TopicNames
 from pipeline.runtime.topology import Topology
-from tests.conftest import Proc, create_topics, read_topic
-from tests.test_admit_stack import body, burst, stack
+from tests.support.admit import body, burst, stack
+from tests.support.kafka import create_topics, read_topic
+from tests.support.procs import Proc
 
 pytestmark = [pytest.mark.integration, pytest.mark.asyncio(loop_scope="session")]
 

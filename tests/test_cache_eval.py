@@ -19,7 +19,7 @@ from pathlib import Path
 import orjson
 import pytest
 
-from tests.conftest import ROOT
+from tests.support.paths import ROOT
 
 
 def run_cli(name: str) -> dict:
@@ -42,7 +42,11 @@ def run_eval(embedder):
     from pipeline.security.sealing import Keyring
     from pipeline.stages.cache.eval import evaluate, read_pairs
     from pipeline.stages.cache.policy import CachePolicy
-    from pipeline.stages.cache.semantic import KEYWORD_FIELDS, NUMERIC_FIELDS, SemanticCache
+    from pipeline.stages.cache.semantic import (
+        KEYWORD_FIELDS,
+        NUMERIC_FIELDS,
+        SemanticCache,
+    )
     from pipeline.stores.vector_index import open_index
 
     def run(name: str) -> dict:

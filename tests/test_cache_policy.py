@@ -6,8 +6,21 @@ import pytest
 
 from pipeline.contracts import RequestDoc
 from pipeline.contracts.request import RequestContext
-from pipeline.stages.cache.gate import GateRules, gate, negated, numbers, question_kinds, same_question
-from pipeline.stages.cache.policy import CachePolicy, acl_scope, boundary_for, bypass_reason, detect_domain
+from pipeline.stages.cache.gate import (
+    GateRules,
+    gate,
+    negated,
+    numbers,
+    question_kinds,
+    same_question,
+)
+from pipeline.stages.cache.policy import (
+    CachePolicy,
+    acl_scope,
+    boundary_for,
+    bypass_reason,
+    detect_domain,
+)
 
 POLICY = CachePolicy()
 RULES = GateRules.build(CachePolicy(word_match=0.6))

@@ -21,7 +21,8 @@ from pipeline.runtime.topology import Topology
 from pipeline.security.sealing import keyring_for
 from pipeline.stages.cache.policy import CachePolicy
 from pipeline.stages.cache.semantic import put_record
-from tests.conftest import ROOT, create_topics, read_topic, settings_for
+from tests.support.kafka import create_topics, read_topic, settings_for
+from tests.support.paths import ROOT
 
 pytestmark = [pytest.mark.integration, pytest.mark.asyncio(loop_scope="session")]
 

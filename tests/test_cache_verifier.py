@@ -5,7 +5,12 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from pipeline.stages.cache.calibration import REFUSE_ALL, choose_threshold, false_hit_bound, logistic
+from pipeline.stages.cache.calibration import (
+    REFUSE_ALL,
+    choose_threshold,
+    false_hit_bound,
+    logistic,
+)
 from pipeline.stages.cache.gate import GateVerdict
 from pipeline.stages.cache.verifier import FEATURES, MONOTONE, Verifier, features
 

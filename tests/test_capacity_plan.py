@@ -7,7 +7,12 @@ import json
 import pytest
 from typer.testing import CliRunner
 
-from pipeline.capacity_plan import StageCost, costs_from_bench, costs_from_capacity, plan
+from pipeline.capacity_plan import (
+    StageCost,
+    costs_from_bench,
+    costs_from_capacity,
+    plan,
+)
 
 
 def test_workers_are_cores_at_the_planned_utilization():

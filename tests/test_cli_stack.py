@@ -2,43 +2,19 @@
 
 from __future__ import annotations
 
-import contextlib
-import subprocess
-import sys
 from pathlib import Path
 
 import orjson
 import pytest
 import yaml
 
-from tests.conftest import ROOT
+from tests.support.cli import last_json, llmpipe
+from tests.support.paths import ROOT
 
 pytestmark = pytest.mark.integration
 
 CONFIG = ROOT / "tests" / "fixtures" / "two_stage.yaml"
 POLICY_V2 = ROOT / "tests" / "fixtures" / "classify_v2.yaml"
-
-
-def llmpipe(*args: str, data_dir, timeout: float = 180) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "pipeline.cli", *args, "--data-dir", str(data_dir)], cwd=ROOT,
-                          capture_output=True, text=True, timeout=timeout)
-
-
-def last_json(proc: subprocess.CompletedProcess):
-    return orjson.loads(proc.stdout.strip().splitlines()[-1])
-
-
-@contextlib.contextmanager
-def running(config: dict, data_dir: Path, *up_args: str):
-    """`llmpipe up --detach` on `config` (written to DATA_DIR/llmpipe.yaml); its stack info; down."""
-    cfg = data_dir / "llmpipe.yaml"
-    cfg.write_text(yaml.safe_dump(config))
-    up = llmpipe("up", "--detach", *up_args, "--config", str(cfg), "--json", data_dir=data_dir, timeout=600)
-    assert up.returncode == 0, up.stderr
-    try:
-        yield last_json(up)
-    finally:
-        assert llmpipe("down", data_dir=data_dir, timeout=180).returncode == 0
 
 
 @pytest.fixture

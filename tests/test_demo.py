@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 
 from pipeline.report import SECTIONS, queries_dir
-from tests.test_cli_stack import ROOT, last_json, llmpipe
+from tests.support.cli import last_json, llmpipe
+from tests.support.paths import ROOT
 
 pytestmark = pytest.mark.integration
 

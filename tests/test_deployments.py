@@ -120,7 +120,12 @@ def test_breaker_updates_from_other_workers_are_adopted_and_own_echoes_ignored()
 
 def test_needs_and_sampling_follow_the_request():
     from pipeline.contracts import RequestDoc
-    from pipeline.contracts.request import ChatBody, ChatMessage, RequestContext, ResponseFormat
+    from pipeline.contracts.request import (
+        ChatBody,
+        ChatMessage,
+        RequestContext,
+        ResponseFormat,
+    )
     from pipeline.stages.generate.attempts import needs_for, sampling_for
 
     st = _generate_stage(default_max_tokens=64, max_tokens_cap=100)

@@ -25,7 +25,7 @@ from pipeline.runtime.stage_handler import StageHandler
 from pipeline.runtime.topics import TopicNames
 from pipeline.runtime.topology import Topology
 from pipeline.runtime.worker import StageWorker
-from tests.conftest import settings_for
+from tests.support.kafka import settings_for
 
 
 def record(value: bytes) -> ConsumerRecord:

@@ -20,7 +20,8 @@ from pipeline.runtime.doorbell import Bell, Ringer, default_dir, topic_dir
 from pipeline.runtime.launch import stage_worker
 from pipeline.runtime.topics import TopicNames
 from pipeline.runtime.topology import Topology
-from tests.conftest import create_topics, settings_for, wait_until
+from tests.support.kafka import create_topics, settings_for
+from tests.support.waits import wait_until
 
 
 @pytest.fixture

@@ -9,7 +9,7 @@ import numpy as np
 import orjson
 
 from pipeline.engines import embedder as emb
-from tests.conftest import ROOT
+from tests.support.paths import ROOT
 
 
 def _texts() -> list[str]:

@@ -3,36 +3,25 @@ Pure policy: no infrastructure."""
 
 from __future__ import annotations
 
-import math
-
 import pytest
 from pydantic import ValidationError
 
 from pipeline.contracts import ChatMessage
 from pipeline.engines.chat_engine import as_chat
-from pipeline.stages.route.experiments import Experiment, assign, experiment_fields, experiment_for, with_variant
+from pipeline.stages.route.experiments import (
+    Experiment,
+    assign,
+    experiment_fields,
+    experiment_for,
+    with_variant,
+)
 from pipeline.stages.route.policy import Route, RoutePolicy
+from tests.support.stats import binomial_interval
 
 AB = Experiment(name="tone", route="simple", variants=[
     {"name": "control", "weight": 0.7},
     {"name": "terse", "weight": 0.3, "adapter": "support-lora", "prompt_revision": "terse@1"},
 ])
-
-
-def binomial_interval(n: int, p: float, level: float = 0.99) -> tuple[int, int]:
-    """The central `level` interval of Binomial(n, p), exact."""
-    pmf = [math.exp(math.lgamma(n + 1) - math.lgamma(k + 1) - math.lgamma(n - k + 1)
-                    + k * math.log(p) + (n - k) * math.log1p(-p)) for k in range(n + 1)]
-    tail = (1 - level) / 2
-    lo, acc = 0, 0.0
-    while acc + pmf[lo] <= tail:
-        acc += pmf[lo]
-        lo += 1
-    hi, acc = n, 0.0
-    while acc + pmf[hi] <= tail:
-        acc += pmf[hi]
-        hi -= 1
-    return lo, hi
 
 
 def test_every_request_of_an_episode_sees_one_variant_and_the_split_follows_the_weights():

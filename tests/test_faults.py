@@ -20,7 +20,7 @@ import pytest
 from pipeline.ingress.http import GRACE_S
 from pipeline.registries.tenants import key_hash, new_api_key
 from pipeline.runtime.broker import EmbeddedBroker
-from tests.test_cli_stack import last_json, llmpipe, running
+from tests.support.cli import last_json, llmpipe, running
 
 pytestmark = pytest.mark.integration
 

@@ -34,7 +34,7 @@ from pipeline.runtime.codec import decode
 from pipeline.runtime.launch import stage_worker
 from pipeline.runtime.topics import TopicNames
 from pipeline.runtime.topology import Topology
-from tests.conftest import create_topics, read_topic, settings_for
+from tests.support.kafka import create_topics, read_topic, settings_for
 
 pytestmark = pytest.mark.integration
 

@@ -15,7 +15,12 @@ import pytest
 
 from pipeline.contracts import BreakerUpdate, ControlRecord, Evidence
 from pipeline.contracts.base import now_ms
-from pipeline.contracts.request import ChatBody, ChatMessage, RequestContext, ResponseFormat
+from pipeline.contracts.request import (
+    ChatBody,
+    ChatMessage,
+    RequestContext,
+    ResponseFormat,
+)
 from pipeline.engines.vllm_server import VllmServer
 from pipeline.ingress import Client
 from pipeline.runtime.broker import free_port
@@ -23,7 +28,8 @@ from pipeline.runtime.codec import decode
 from pipeline.runtime.launch import stage_worker
 from pipeline.runtime.topics import TopicNames
 from pipeline.runtime.topology import Topology
-from tests.conftest import create_topics, read_topic, settings_for, wait_until
+from tests.support.kafka import create_topics, read_topic, settings_for
+from tests.support.waits import wait_until
 
 pytestmark = [pytest.mark.integration, pytest.mark.asyncio(loop_scope="session")]
 

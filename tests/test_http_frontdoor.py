@@ -19,7 +19,7 @@ from PIL import Image
 
 from pipeline.registries.adapters import adapter_digest
 from pipeline.registries.tenants import key_hash, new_api_key
-from tests.test_cli_stack import last_json, llmpipe, running
+from tests.support.cli import last_json, llmpipe, running
 
 pytestmark = pytest.mark.integration
 
@@ -248,7 +248,7 @@ def test_no_api_key_rests_on_any_topic(door):
     """The door publishes its signed caller assertion, never the key; mask strips the assertion."""
     import asyncio
 
-    from tests.conftest import read_topic
+    from tests.support.kafka import read_topic
 
     info, keys, _ = door
     r = client(info, keys["other"]).chat.completions.create(
@@ -289,7 +289,7 @@ def _deltas_of(info, request_id: str, data_dir) -> list[dict]:
 
     from pipeline.contracts.stream import Delta
     from pipeline.security.sealing import Keyring, open_delta
-    from tests.conftest import read_topic
+    from tests.support.kafka import read_topic
 
     keyring = Keyring.local(data_dir / "secrets")
     records = asyncio.run(read_topic(info["bootstrap"], info["topic_prefix"] + "deltas", 1_000_000, timeout=3))
@@ -353,7 +353,6 @@ def test_python_client_stream_concatenates_to_the_terminal_text(door):
     from pipeline.contracts.request import ChatBody, ChatMessage
     from pipeline.ingress.client import Client
     from pipeline.ingress.stream_follow import Ended
-
     from pipeline.security.sealing import Keyring
 
     info, keys, data_dir = door

@@ -153,3 +153,26 @@ def test_every_bench_script_imports():
         except Exception as exc:  # noqa: BLE001 - any failure to import is the finding
             failed[f.name] = repr(exc)[:200]
     assert not failed, failed
+
+
+TESTS = Path(__file__).resolve().parent
+
+
+def test_imports_between_tests(tmp_path):
+    """No test module (nor conftest) is imported by another: what tests share is in tests/support.
+    Seen failing on a planted `from tests.test_cli_stack import llmpipe` (below, and before the
+    helpers moved: nine files did)."""
+
+    def bad(source: str) -> list[str]:
+        mods = []
+        for node in ast.walk(ast.parse(source)):
+            names = ([node.module] if isinstance(node, ast.ImportFrom) and node.module and node.level == 0 else
+                     [a.name for a in node.names] if isinstance(node, ast.Import) else [])
+            mods += [m for m in names if m.startswith(("tests.test_", "tests.conftest", "tests.security.test_",
+                                                        "tests.security.conftest"))]
+        return mods
+
+    assert bad("from tests.test_cli_stack import llmpipe\nimport tests.conftest") == ["tests.test_cli_stack",
+                                                                                       "tests.conftest"]
+    found = {str(f.relative_to(TESTS)): m for f in TESTS.rglob("*.py") if (m := bad(f.read_text()))}
+    assert not found, f"tests import other test modules (move the helper to tests/support): {found}"

@@ -8,7 +8,7 @@ import json
 import subprocess
 import sys
 
-from tests.conftest import ROOT
+from tests.support.paths import ROOT
 
 SCRIPT = r"""
 import json, sys

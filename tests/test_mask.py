@@ -13,7 +13,14 @@ import pytest
 from pipeline.config.settings import Settings, StageSpec
 from pipeline.contracts import RequestDoc
 from pipeline.runtime.stage import StageContext
-from pipeline.security.sealing import Keyring, RestoreError, keyring_for, open_sealed, seal, unmask
+from pipeline.security.sealing import (
+    Keyring,
+    RestoreError,
+    keyring_for,
+    open_sealed,
+    seal,
+    unmask,
+)
 from pipeline.stages.mask.pii import Masker, MaskPolicy
 from pipeline.stages.mask.stage import MaskStage, mask_document
 

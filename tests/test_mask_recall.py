@@ -11,7 +11,7 @@ import pytest
 
 from pipeline.stages.mask.eval import evaluate, read_sentences
 from pipeline.stages.mask.pii import Masker, MaskPolicy
-from tests.test_cli_stack import last_json, llmpipe
+from tests.support.cli import last_json, llmpipe
 
 DATA = Path(__file__).parent / "data"
 

@@ -15,8 +15,8 @@ import orjson
 import pytest
 
 from pipeline.ingress import Client
-from tests.conftest import read_topic
-from tests.test_cli_stack import last_json, llmpipe
+from tests.support.cli import last_json, llmpipe
+from tests.support.kafka import read_topic
 
 pytestmark = [pytest.mark.integration, pytest.mark.asyncio(loop_scope="session")]
 

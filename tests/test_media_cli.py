@@ -12,8 +12,8 @@ import yaml
 from pipeline.contracts.request import ChatMessage, ImageFeatures
 from pipeline.engines.chat_engine import as_chat
 from pipeline.stages.vision.describe import describe, with_description
-from tests.media_servers import jpeg
-from tests.test_cli_stack import last_json, llmpipe
+from tests.support.cli import last_json, llmpipe
+from tests.support.media_servers import jpeg
 
 pytestmark = [pytest.mark.integration]
 

@@ -16,7 +16,7 @@ import pytest_asyncio
 from pipeline.stages.media.decode import DecodeError, ProcessorConfig, decode
 from pipeline.stages.media.fetch import FetchError, FetchLimits, fetch_image
 from pipeline.stages.media.guard import FetchRules
-from tests.media_servers import HttpServer, ImageServer, jpeg
+from tests.support.media_servers import HttpServer, ImageServer, jpeg
 
 on_loop = pytest.mark.asyncio(loop_scope="session")
 
@@ -90,7 +90,7 @@ async def test_hostile_fetches_are_refused_and_never_reach_a_refused_address(ser
 
 
 def test_a_pixel_bomb_is_refused_from_its_header_fast_and_small():
-    from tests.media_servers import claims_size
+    from tests.support.media_servers import claims_size
 
     bomb = claims_size(jpeg(400, 400, noise=True, quality=95), 30000, 30000)
     assert 150_000 < len(bomb) < 260_000, len(bomb)  # ~192 KB claiming 30000 x 30000

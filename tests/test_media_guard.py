@@ -4,7 +4,14 @@ from __future__ import annotations
 
 import pytest
 
-from pipeline.stages.media.guard import FetchRules, Refusal, Target, vet_address, vet_url, why_not_public
+from pipeline.stages.media.guard import (
+    FetchRules,
+    Refusal,
+    Target,
+    vet_address,
+    vet_url,
+    why_not_public,
+)
 
 RULES = FetchRules()
 

@@ -19,8 +19,8 @@ from pipeline.runtime.launch import stage_worker
 from pipeline.runtime.topics import TopicNames
 from pipeline.runtime.topology import Topology
 from pipeline.stores.blob_store import BlobError, LocalBlobStore
-from tests.conftest import create_topics, read_topic, settings_for
-from tests.media_servers import jpeg, png
+from tests.support.kafka import create_topics, read_topic, settings_for
+from tests.support.media_servers import jpeg, png
 
 on_loop = pytest.mark.asyncio(loop_scope="session")
 pytestmark = [pytest.mark.integration]

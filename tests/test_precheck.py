@@ -281,8 +281,8 @@ async def test_feedback_over_the_tenants_rate_gets_429_before_the_owner_lookup(t
 
 @pytest.mark.asyncio
 async def test_the_feedback_worker_meters_before_it_looks_up_or_masks(tmp_path):
-    from pipeline.stages.feedback.stage import FeedbackWorker
     from pipeline.registries.tenants import key_hash
+    from pipeline.stages.feedback.stage import FeedbackWorker
 
     looked_up: list[str] = []
 

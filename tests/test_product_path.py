@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from tests.test_cli_stack import last_json, llmpipe
+from tests.support.cli import last_json, llmpipe
 
 pytestmark = pytest.mark.integration
 

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from pipeline.report import SECTIONS, queries_dir
-from tests.test_cli_stack import last_json, llmpipe
+from tests.support.cli import last_json, llmpipe
 
 pytestmark = pytest.mark.integration
 

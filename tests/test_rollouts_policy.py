@@ -13,9 +13,19 @@ from pipeline.contracts.request import ChatBody, ChatMessage, HookSpec, RolloutR
 from pipeline.engines.chat_engine import Generation, Sampling
 from pipeline.engines.provenance import Provenance
 from pipeline.stages.generate.rollouts.hooks import RolloutHooks, resolve, scorer_for
-from pipeline.stages.generate.rollouts.rewards import REWARDS, VERIFIERS, HookError, Sample, Scored
-from pipeline.stages.generate.rollouts.samples import actor_revision_of, rollout_rows, sample_seeds
-from tests.conftest import ROOT
+from pipeline.stages.generate.rollouts.rewards import (
+    REWARDS,
+    VERIFIERS,
+    HookError,
+    Sample,
+    Scored,
+)
+from pipeline.stages.generate.rollouts.samples import (
+    actor_revision_of,
+    rollout_rows,
+    sample_seeds,
+)
+from tests.support.paths import ROOT
 
 
 def custom_verifier(sample, args):  # loaded by the python: hook test below

@@ -100,7 +100,12 @@ def test_route_reuses_the_cache_embedding_of_the_same_text(embedder, tmp_path):
 
     from pipeline.engines.embedder import vector_from_b64
     from pipeline.stages.cache.policy import CachePolicy
-    from pipeline.stages.cache.semantic import KEYWORD_FIELDS, NUMERIC_FIELDS, SemanticCache, reused_vector
+    from pipeline.stages.cache.semantic import (
+        KEYWORD_FIELDS,
+        NUMERIC_FIELDS,
+        SemanticCache,
+        reused_vector,
+    )
     from pipeline.stages.route.stage import RouteStage
     from pipeline.stores.vector_index import open_index
 

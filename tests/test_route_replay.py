@@ -12,7 +12,7 @@ from pipeline.engines.embedder import Embedder
 from pipeline.ingress import Client
 from pipeline.stages.route.policy import RoutePolicy
 from pipeline.stages.route.stage import Router, route_text
-from tests.test_cli_stack import last_json, llmpipe
+from tests.support.cli import last_json, llmpipe
 
 pytestmark = [pytest.mark.integration, pytest.mark.asyncio(loop_scope="session")]
 
@@ -75,7 +75,7 @@ GREETINGS = ["hi", "Say hello", "thanks!", "hello there", "good morning"]
 
 async def test_an_experiment_is_sticky_per_episode_recorded_and_a_reweighting_replays(tmp_path):
     from pipeline.stages.route.experiments import assign
-    from tests.test_experiments import binomial_interval
+    from tests.support.stats import binomial_interval
 
     cfg = ROOT / "tests/fixtures/route_experiment.yaml"
     up = llmpipe("up", "--detach", "--config", str(cfg), "--json", data_dir=tmp_path)

@@ -18,8 +18,10 @@ from pipeline.runtime.codec import decode
 from pipeline.runtime.launch import stage_worker
 from pipeline.runtime.topics import TopicNames, load_registry
 from pipeline.runtime.topology import Topology
-from tests.conftest import ROOT, Proc, create_topics, read_topic, settings_for, wait_until
-from tests.test_runtime_scale import publish
+from tests.support.kafka import create_topics, publish, read_topic, settings_for
+from tests.support.paths import ROOT
+from tests.support.procs import Proc
+from tests.support.waits import wait_until
 
 pytestmark = [pytest.mark.integration, pytest.mark.asyncio(loop_scope="session")]
 

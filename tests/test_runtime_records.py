@@ -15,8 +15,13 @@ from pipeline.runtime.codec import decode
 from pipeline.runtime.launch import stage_worker
 from pipeline.runtime.topics import TopicNames
 from pipeline.runtime.topology import Topology
-from tests.conftest import create_topics, read_topic, read_until_quiet, settings_for
 from tests.stages import Answer
+from tests.support.kafka import (
+    create_topics,
+    read_topic,
+    read_until_quiet,
+    settings_for,
+)
 
 pytestmark = [pytest.mark.integration, pytest.mark.asyncio(loop_scope="session")]
 

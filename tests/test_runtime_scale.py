@@ -9,29 +9,18 @@ from collections import Counter
 import httpx
 import psutil
 import pytest
-from aiokafka import AIOKafkaProducer
 from prometheus_client.parser import text_string_to_metric_families
 
 from pipeline.contracts import Evidence
 from pipeline.ingress import Client
 from pipeline.runtime.broker import free_port
-from pipeline.runtime.codec import decode, encode, request_headers
+from pipeline.runtime.codec import decode
 from pipeline.runtime.topics import TopicNames
-from tests.conftest import Proc, Sink, create_topics, read_until_quiet, settings_for, wait_until
+from tests.support.kafka import create_topics, publish, read_until_quiet, settings_for
+from tests.support.procs import Proc, Sink
+from tests.support.waits import wait_until
 
 pytestmark = [pytest.mark.integration, pytest.mark.asyncio(loop_scope="session")]
-
-
-async def publish(bootstrap: str, topic: str, docs) -> None:
-    p = AIOKafkaProducer(bootstrap_servers=bootstrap, acks="all", linger_ms=5)
-    await p.start()
-    try:
-        futs = [await p.send(topic, encode(d), key=d.request_id.encode(),
-                             headers=request_headers(d.request_id, d.tenant_id, d.deadline_ms, d.attempt, None))
-                for d in docs]
-        await asyncio.gather(*futs)
-    finally:
-        await p.stop()
 
 
 async def test_three_workers_over_six_partitions_write_exactly_10000_rows(broker, prefix, tmp_path):

@@ -18,7 +18,7 @@ import orjson
 import pytest
 
 from pipeline.registries.tenants import key_hash, new_api_key
-from tests.test_cli_stack import running
+from tests.support.cli import running
 
 pytestmark = pytest.mark.integration
 

@@ -31,7 +31,7 @@ from pipeline.stores.sql_gateway import (
     check_read_only,
     ensure_admin_token,
 )
-from tests.conftest import ROOT
+from tests.support.paths import ROOT
 
 # (name, statement[, parameters]): each must be refused by /sql, without reading @SECRET@ (a file
 # holding SECRET_TEXT) or writing @OUT@; the SCRIPT puts real paths in their place

@@ -25,7 +25,8 @@ from pipeline.runtime.launch import stage_worker
 from pipeline.runtime.topics import TopicNames
 from pipeline.runtime.topology import Topology
 from pipeline.stages.mask.auth import authenticate
-from tests.conftest import ROOT, create_topics, read_topic, settings_for
+from tests.support.kafka import create_topics, read_topic, settings_for
+from tests.support.paths import ROOT
 
 
 def test_keys_are_kept_hashed_and_revocation_wins():

@@ -16,11 +16,14 @@ from aiokafka import TopicPartition
 
 from pipeline.contracts import Rollout
 from pipeline.contracts.actor import ActorActivated
-from pipeline.runtime.codec import encode
 from pipeline.rollouts import TenantScope
+from pipeline.runtime.codec import encode
 from pipeline.training import OffsetBook, staleness, weights_revision
 from pipeline.training import RolloutStream as _RolloutStream
-from tests.conftest import ROOT, Sink, create_topics, settings_for, wait_until
+from tests.support.kafka import create_topics, settings_for
+from tests.support.paths import ROOT
+from tests.support.procs import Sink
+from tests.support.waits import wait_until
 
 TP = TopicPartition("llmpipe.rollouts", 0)
 LAB = TenantScope.of(["lab"])

@@ -14,7 +14,7 @@ import pytest_asyncio
 from pipeline.engines.chat_engine import Sampling
 from pipeline.engines.model_prep import model_dir
 from pipeline.engines.vllm_engine import VllmEngine
-from tests.conftest import ROOT
+from tests.support.paths import ROOT
 
 pytestmark = [pytest.mark.integration]
 

@@ -23,8 +23,8 @@ import pytest
 
 from pipeline.registries.tenants import key_hash, new_api_key
 from pipeline.runtime.broker import free_port
-from tests.conftest import ROOT
-from tests.test_cli_stack import running
+from tests.support.cli import running
+from tests.support.paths import ROOT
 
 ROLLOUT_ROLE = "rollouts"
 

@@ -15,8 +15,8 @@ from pipeline.contracts import RequestDoc, Response
 from pipeline.contracts.request import ChatBody, ChatMessage, RolloutRequest
 from pipeline.ingress.client import Client, ClientTimeout
 from pipeline.runtime.topics import TopicNames
-from tests.conftest import read_topic
-from tests.test_cli_stack import last_json, llmpipe
+from tests.support.cli import last_json, llmpipe
+from tests.support.kafka import read_topic
 
 pytestmark = pytest.mark.integration
 

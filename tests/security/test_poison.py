@@ -21,9 +21,10 @@ from pathlib import Path
 
 import orjson
 import pytest
+
 from pipeline.runtime.doorbell import producer_class
 from pipeline.runtime.topics import TopicNames
-from tests.conftest import read_until_quiet
+from tests.support.kafka import read_until_quiet
 
 pytestmark = pytest.mark.integration
 

@@ -1,19 +1,46 @@
-"""mask on text its recognizers were not written against: the held-out set's recall per type and
-false positives (reported; a floor guards regressions), the development set in full, and the
-rules each recognizer adds (no infrastructure)."""
+"""mask on labelled sentences: the held-out sets' recall per type and false positives, and the
+development set, held at floors (one masker for the module); the rules each recognizer adds; and
+`llmpipe mask-eval`'s contract (rates, no value printed, a bad file refused) on a few sentences.
+
+The held-out sets were written apart and never tuned on; the targets there (recall >= 0.95 per
+type, false positives <= 5 %) are missed for names and addresses, so the floors sit at what was
+measured and catch a regression only. Every set with its full report (per type and language,
+tuned and held out side by side, misses by type) is bench/mask_eval.py's (bench/README.md)."""
 
 from __future__ import annotations
 
 import json
+import logging
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
 
 from pipeline.stages.mask.eval import evaluate, read_sentences
 from pipeline.stages.mask.pii import Masker, MaskPolicy
-from tests.support.cli import last_json, llmpipe
 
 DATA = Path(__file__).parent / "data"
+TYPES = {"PERSON", "LOCATION", "EMAIL_ADDRESS", "PHONE_NUMBER", "CREDIT_CARD", "IBAN_CODE", "US_SSN", "KR_RRN",
+         "IP_ADDRESS"}
+
+
+@dataclass(frozen=True)
+class Floor:
+    recall: float  # every type not named in `types`
+    max_false_positive_rate: float
+    measured: str  # what was measured when the floor was set (2026-12-04)
+    types: dict[str, float] = field(default_factory=dict)
+
+
+FLOORS = {
+    # held out, written apart and committed (0991a78) before the change it judged; never tuned on
+    "pii_unseen3.jsonl": Floor(1.0, 0.07, "PERSON 0.86, LOCATION 0.85, others 1.0, false positives 5/84 (6.0 %)",
+                               {"PERSON": 0.85, "LOCATION": 0.85}),
+    # the first held-out set, never tuned on, measured several times since
+    "pii_unseen.jsonl": Floor(0.85, 0.05, "PERSON 0.92, US_SSN 0.92, LOCATION 0.98, others 1.0, false positives 0/72"),
+    # the development set of the 2026-12-03 recognizers (tuned): masked in full
+    "pii_dev.jsonl": Floor(1.0, 0.0, "every type 1.0, false positives 0/27"),
+}
 
 
 @pytest.fixture(scope="module")
@@ -23,61 +50,28 @@ def masker() -> Masker:
     return m
 
 
-def test_the_held_out_set_is_big_bilingual_and_has_negatives():
-    rows = read_sentences(DATA / "pii_unseen.jsonl")
-    assert len(rows) >= 150
-    assert sum(r.lang == "ko" for r in rows) >= 0.4 * len(rows) and sum(not r.pii for r in rows) >= 50
-    kinds = {k for r in rows for k, _ in r.pii}
-    assert kinds == {"PERSON", "LOCATION", "EMAIL_ADDRESS", "PHONE_NUMBER", "CREDIT_CARD", "IBAN_CODE", "US_SSN",
-                     "KR_RRN", "IP_ADDRESS"}
+def test_the_held_out_sets_are_big_bilingual_and_have_negatives():
+    for name in ("pii_unseen.jsonl", "pii_unseen3.jsonl"):
+        rows = read_sentences(DATA / name)
+        assert len(rows) >= 150, name
+        assert sum(r.lang == "ko" for r in rows) >= 0.4 * len(rows) and sum(not r.pii for r in rows) >= 50, name
+        assert {k for r in rows for k, _ in r.pii} == TYPES, name
 
 
-def test_held_out_recall_and_false_positives_are_reported_above_a_floor(masker):
-    """Measured once per change and reported in the notes (targets: recall >= 0.95 per type,
-    false positives <= 5 %); never tuned on. The floor only catches a regression."""
-    report = evaluate(masker, read_sentences(DATA / "pii_unseen.jsonl"))
-    print("held-out recall:", {k: v["recall"] for k, v in report["recall"].items()},
-          "false positives:", report["false_positive_rate"], "ms:", report["ms_per_request"])
-    low = {k: v["recall"] for k, v in report["recall"].items() if v["recall"] < 0.85}
-    assert not low, low
-    assert report["false_positive_rate"] <= 0.05
+@pytest.mark.parametrize("name", list(FLOORS))
+def test_recall_per_type_and_false_positives_stay_at_their_floors(name, masker):
+    floor = FLOORS[name]
+    rows = read_sentences(DATA / name)
+    report = evaluate(masker, rows)
+    recall = {k: v["recall"] for k, v in report["recall"].items()}
+    print(name, "recall:", recall, "false positives:", report["false_positives"], "of", report["negatives"],
+          "ms:", report["ms_per_request"], "floor:", floor)
+    assert report["sentences"] == len(rows) and set(recall) == {k for r in rows for k, _ in r.pii}
+    low = {k: v for k, v in recall.items() if v < floor.types.get(k, floor.recall)}
+    assert not low, (low, report["misses"])
+    assert report["false_positive_rate"] <= floor.max_false_positive_rate, report["false_positive_types"]
     # the report names types and languages, never a value or a sentence
     assert all(set(m) == {"type", "lang"} for m in report["misses"])
-
-
-def test_the_second_held_out_set_now_trains_and_is_held_at_a_floor(masker):
-    """pii_unseen2.jsonl (written apart, 2026-12-03) judged one change (PERSON 0.70 -> 0.80, false
-    positives 15 -> 17 %); its misses then shaped the chat cues, the speaker and sign-off rule and
-    the glued-honorific check, so it is training data now: PERSON 0.85, false positives 15 %."""
-    report = evaluate(masker, read_sentences(DATA / "pii_unseen2.jsonl"))
-    print("set 2 (tuned):", {k: v["recall"] for k, v in report["recall"].items()}, report["false_positive_rate"])
-    assert report["recall"]["PERSON"]["recall"] >= 0.84
-    assert all(v["recall"] >= 0.93 for k, v in report["recall"].items() if k != "PERSON")
-    assert report["false_positive_rate"] <= 0.16
-
-
-def test_the_third_held_out_set_is_measured_and_held_at_a_floor(masker):
-    """pii_unseen3.jsonl: 340 sentences written apart and committed (0991a78) before the change it
-    judged, measured once before and once after it: PERSON 0.86 / 0.86, LOCATION 0.85 / 0.85, the
-    other seven types 1.0, false positives 7.1 % / 6.0 %. The targets (0.95, 5 %) are missed; this
-    catches a regression below what was measured. Never tuned on."""
-    report = evaluate(masker, read_sentences(DATA / "pii_unseen3.jsonl"))
-    print("held-out 3:", {k: v["recall"] for k, v in report["recall"].items()}, report["false_positive_rate"])
-    assert report["recall"]["PERSON"]["recall"] >= 0.85 and report["recall"]["LOCATION"]["recall"] >= 0.85
-    assert all(v["recall"] == 1.0 for k, v in report["recall"].items() if k not in ("PERSON", "LOCATION"))
-    assert report["false_positive_rate"] <= 0.07
-
-
-def test_the_training_set_is_held_where_it_was_tuned(masker):
-    report = evaluate(masker, read_sentences(DATA / "pii_train2.jsonl"))
-    assert all(v["recall"] >= 0.93 for v in report["recall"].values()), report["recall"]
-    assert report["false_positive_rate"] <= 0.08
-
-
-def test_the_development_set_is_masked_in_full_with_no_false_positive(masker):
-    report = evaluate(masker, read_sentences(DATA / "pii_dev.jsonl"))
-    assert report["recall_overall"] == 1.0, report["misses"]
-    assert report["false_positives"] == 0, report["false_positive_types"]
 
 
 @pytest.mark.parametrize("text,value", [
@@ -131,14 +125,41 @@ def test_identifiers_and_ordinary_words_are_left_alone(masker, text):
     assert masker.mask([text]).texts == [text]
 
 
+def cli(*args: str):
+    """`llmpipe ARGS` in this process (typer's runner: stdout and stderr apart, an exit code)."""
+    from typer.testing import CliRunner
+
+    from pipeline.cli import app
+
+    root = logging.getLogger()
+    saved = root.handlers[:], root.level, {n: logging.getLogger(n).level for n in ("aiokafka", "httpx", "presidio-analyzer")}
+    root.handlers = []  # as in a fresh process: the command's basicConfig then logs to the captured stderr
+    try:
+        return CliRunner().invoke(app, list(args))
+    finally:
+        root.handlers, level, quieted = saved
+        root.setLevel(level)
+        for n, lvl in quieted.items():
+            logging.getLogger(n).setLevel(lvl)
+
+
 def test_mask_eval_cli_prints_rates_and_no_value(tmp_path):
-    r = llmpipe("mask-eval", "--file", str(DATA / "pii_dev.jsonl"), "--json", data_dir=tmp_path, timeout=300)
-    assert r.returncode == 0, r.stderr
-    report = last_json(r)
-    assert report["recall_overall"] == 1.0 and report["negatives"] > 0 and report["ms_per_request"]["p95"] > 0
-    values = [p["value"] for line in (DATA / "pii_dev.jsonl").read_text().splitlines() for p in json.loads(line)["pii"]]
+    # a few development sentences: the first of each type, and three negatives
+    lines = [json.loads(line) for line in (DATA / "pii_dev.jsonl").read_text().splitlines() if line.strip()]
+    firsts = {p["type"]: row for row in reversed(lines) for p in row["pii"]}
+    few = [*{id(r): r for r in firsts.values()}.values(), *[r for r in lines if not r["pii"]][:3]]
+    sentences = tmp_path / "few.jsonl"
+    sentences.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in few))
+    r = cli("mask-eval", "--file", str(sentences), "--json", "--data-dir", str(tmp_path))
+    assert r.exit_code == 0, r.stderr + repr(r.exception)
+    report = json.loads(r.stdout.strip().splitlines()[-1])
+    assert set(report["recall"]) == {p["type"] for row in few for p in row["pii"]} and len(report["recall"]) >= 5
+    assert report["recall_overall"] == 1.0 and report["negatives"] == 3 and report["false_positives"] == 0
+    assert report["sentences"] == len(few) and report["ms_per_request"]["p95"] > 0
+    assert report["engine_revision"].startswith("presidio-")
+    values = [p["value"] for row in few for p in row["pii"]]
     assert not [v for v in values if v in r.stdout + r.stderr]
     bad = tmp_path / "bad.jsonl"
     bad.write_text('{"text": "hello", "pii": [{"type": "PERSON", "value": "Zed"}]}\n')
-    r = llmpipe("mask-eval", "--file", str(bad), data_dir=tmp_path)
-    assert r.returncode != 0 and "bad.jsonl:1" in r.stderr and "not in the text" in r.stderr
+    r = cli("mask-eval", "--file", str(bad), "--data-dir", str(tmp_path))
+    assert r.exit_code == 1 and "bad.jsonl:1" in r.stderr and "not in the text" in r.stderr, r.stderr

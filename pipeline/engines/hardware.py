@@ -16,15 +16,23 @@ from pathlib import Path
 NATIVE_BF16_FLAGS = frozenset({"avx512_bf16", "amx_bf16"})
 
 
-@cache
-def cpu_flags() -> frozenset[str]:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("flags"):
-                return frozenset(line.split(":", 1)[1].split())
-    except OSError:
-        pass
+def cpu_flags(cpuinfo: str | None = None) -> frozenset[str]:
+    """The x86 flags of /proc/cpuinfo's text: `cpuinfo` when given (tests feed other hosts'), else
+    this host's, read once. Empty on a CPU whose cpuinfo has no `flags` line (ARM says `Features`)."""
+    if cpuinfo is None:
+        return _host_flags()
+    for line in cpuinfo.splitlines():
+        if line.startswith("flags"):
+            return frozenset(line.split(":", 1)[1].split())
     return frozenset()
+
+
+@cache
+def _host_flags() -> frozenset[str]:
+    try:
+        return cpu_flags(Path("/proc/cpuinfo").read_text())
+    except OSError:
+        return frozenset()
 
 
 def cpu_model() -> str:

@@ -4,14 +4,11 @@ replica reported the revision validated."""
 
 from __future__ import annotations
 
-import asyncio
 import time
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import TYPE_CHECKING, Annotated, Optional
 
-import orjson
 import typer
-from rich.table import Table
 
 from pipeline.cli.common import (
     Bootstrap,
@@ -26,17 +23,11 @@ from pipeline.cli.common import (
     command,
     out,
 )
-from pipeline.config.settings import Settings
-from pipeline.contracts import WeightEvent
-from pipeline.contracts.actor import (
-    ACTOR_ADAPTER,
-    ActorActivated,
-    ActorPrepared,
-    ActorRejected,
-    ActorSpec,
-    ValidationPrompt,
-)
-from pipeline.registries.actor import ActorBook
+
+if TYPE_CHECKING:
+    from pipeline.config.settings import Settings
+    from pipeline.contracts import WeightEvent
+    from pipeline.registries.actor import ActorBook
 
 actor_app = typer.Typer(no_args_is_help=True,
                         help="The RL actor's weights (a LoRA adapter): prepare, activate (barrier), rollback, status.")
@@ -44,6 +35,9 @@ OPERATOR = "operator"
 
 
 def _book(boot: str, prefix: str, s: Settings) -> ActorBook:
+    import asyncio
+
+    from pipeline.registries.actor import ActorBook
     from pipeline.runtime.follower import ControlFollower
     from pipeline.runtime.topics import TopicNames
 
@@ -58,6 +52,9 @@ def _book(boot: str, prefix: str, s: Settings) -> ActorBook:
 
 
 def _event(revision: str, transition: str, detail: str) -> tuple[str, WeightEvent]:
+    from pipeline.contracts import WeightEvent
+    from pipeline.contracts.actor import ACTOR_ADAPTER
+
     return ACTOR_ADAPTER, WeightEvent(replica=OPERATOR, kind="actor", name=ACTOR_ADAPTER, revision=revision,
                                       transition=transition, detail=detail)
 
@@ -74,6 +71,9 @@ def actor_prepare(revision: Annotated[str, typer.Argument(help="the new actor re
                   data_dir: DataDir = Path(".llmpipe"), config: ConfigFile = None, bootstrap: Bootstrap = None,
                   json: Json = False) -> None:
     """Verify the weights (allowed root, rank, checksum) and announce them: every replica loads and validates."""
+    import orjson
+
+    from pipeline.contracts.actor import ActorPrepared, ActorSpec, ValidationPrompt
     from pipeline.registries.adapters import adapter_digest, incompatibility
 
     s = _settings(data_dir, config, bootstrap)
@@ -103,6 +103,8 @@ def actor_activate(revision: Annotated[str, typer.Argument()],
                    data_dir: DataDir = Path(".llmpipe"), config: ConfigFile = None, bootstrap: Bootstrap = None,
                    json: Json = False) -> None:
     """Wait until every replica validated the revision, then activate it (new batches only)."""
+    from pipeline.contracts.actor import ActorActivated
+
     s = _settings(data_dir, config, bootstrap)
     boot, prefix = _stack_bootstrap(s)
     if replicas is None:
@@ -134,6 +136,8 @@ def actor_rollback(reason: Annotated[str, typer.Option("--reason")] = "rolled ba
                    data_dir: DataDir = Path(".llmpipe"), config: ConfigFile = None, bootstrap: Bootstrap = None,
                    json: Json = False) -> None:
     """Reject the active revision (its samples are marked in `training_samples`) and re-activate the one before."""
+    from pipeline.contracts.actor import ActorActivated, ActorRejected
+
     s = _settings(data_dir, config, bootstrap)
     boot, prefix = _stack_bootstrap(s)
     book = _book(boot, prefix, s)
@@ -155,6 +159,8 @@ def actor_rollback(reason: Annotated[str, typer.Option("--reason")] = "rolled ba
 def actor_status(data_dir: DataDir = Path(".llmpipe"), config: ConfigFile = None, bootstrap: Bootstrap = None,
                  json: Json = False) -> None:
     """Every prepared revision: active / rejected, and each replica's last report."""
+    from rich.table import Table
+
     s = _settings(data_dir, config, bootstrap)
     book = _book(*_stack_bootstrap(s), s)
     rows = [{"revision": rev, "active": rev == book.active, "rejected": book.rejected.get(rev),

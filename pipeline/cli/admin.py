@@ -2,12 +2,10 @@
 
 from __future__ import annotations
 
-import asyncio
 from pathlib import Path
-from typing import Annotated, Any, Optional
+from typing import TYPE_CHECKING, Annotated, Any, Optional
 
 import typer
-from rich.table import Table
 
 from pipeline.cli.app import adapters_app, blobs_app, cache_app, models_app, tenants_app
 from pipeline.cli.common import (
@@ -24,7 +22,9 @@ from pipeline.cli.common import (
     out,
     parse_duration_ms,
 )
-from pipeline.config.settings import Settings
+
+if TYPE_CHECKING:
+    from pipeline.config.settings import Settings
 
 
 @cache_app.command("invalidate")
@@ -159,6 +159,8 @@ def tenants_revoke_key(key: Annotated[Optional[str], typer.Option("--key", help=
 
 def _adapter_registry(s: Settings):
     """The registry as the stages see it: config, then every adapter record on `control`."""
+    import asyncio
+
     from pipeline.registries.adapters import AdapterRegistry
     from pipeline.runtime.follower import ControlFollower
     from pipeline.runtime.topics import TopicNames
@@ -179,6 +181,8 @@ def _adapter_registry(s: Settings):
 def adapters_list(data_dir: DataDir = Path(".llmpipe"), config: ConfigFile = None, bootstrap: Bootstrap = None,
                   json: Json = False) -> None:
     """Registered adapters: base model, revision, rank, state, tenants, and whether they verify here."""
+    from rich.table import Table
+
     from pipeline.registries.adapters import incompatibility
 
     s = _settings(data_dir, config, bootstrap)

@@ -2,16 +2,11 @@
 
 from __future__ import annotations
 
-import asyncio
-import csv
-import io
 import sys
 from pathlib import Path
 from typing import Annotated, Any, Optional
 
 import typer
-import yaml
-from rich.table import Table
 
 from pipeline.cli.app import app
 from pipeline.cli.common import (
@@ -45,6 +40,11 @@ def sql(query: Annotated[Optional[str], typer.Argument(help="one read-only state
         data_dir: DataDir = Path(".llmpipe"), config: ConfigFile = None, bootstrap: Bootstrap = None,
         format: Annotated[str, typer.Option("--format", help="table | json | csv")] = "table") -> None:
     """Query the warehouse (through the running stack in embedded mode)."""
+    import csv
+    import io
+
+    from rich.table import Table
+
     from pipeline.stores.sql_gateway import check_read_only, jsonable
 
     if format not in ("table", "json", "csv"):
@@ -127,6 +127,8 @@ def plan(rate: Annotated[float, typer.Option("--rate", help="requests per second
     measured cost per request: a bench result (--from) or the warehouse's stage_capacity query."""
     import dataclasses
 
+    from rich.table import Table
+
     from pipeline.capacity_plan import plan as make_plan
 
     s = _settings(data_dir, config, bootstrap)
@@ -191,6 +193,8 @@ def cache_eval(pairs: Annotated[Path, typer.Option("--pairs", exists=True, dir_o
                json: Json = False) -> None:
     """Precision, recall and false hits of the cache policy on labelled pairs (embedded index)."""
     import tempfile
+
+    from rich.table import Table
 
     from pipeline.engines.embedder import Embedder
     from pipeline.security.sealing import Keyring
@@ -295,6 +299,11 @@ def replay(topic: Annotated[str, typer.Option("--topic", help="registry name (e.
            data_dir: DataDir = Path(".llmpipe"), config: ConfigFile = None, bootstrap: Bootstrap = None,
            json: Json = False) -> None:
     """Re-run a stage over a topic range (optionally a new policy, in shadow) and diff its decisions."""
+    import asyncio
+
+    import yaml
+    from rich.table import Table
+
     from pipeline.replay import RangeSpec, parse_bound, parse_offsets, parse_time_ms
     from pipeline.replay import replay as run_replay
 
@@ -337,6 +346,10 @@ def profile(stage: Annotated[str, typer.Option("--stage", help="the engine stage
             data_dir: DataDir = Path(".llmpipe"), config: ConfigFile = None, json: Json = False) -> None:
     """A torch-profiler trace of the engine under fixed traffic, its overhead measured against a control
     run; the run is a `profile_runs` row and the trace lies in DATA_DIR/profiles/<run_id>/."""
+    import asyncio
+
+    from rich.table import Table
+
     from pipeline.profiling import PROFILE_COLUMNS, profile_generate
     from pipeline.stack import running_stack
     from pipeline.stores.warehouse import is_embedded, open_warehouse

@@ -1,10 +1,11 @@
 """What every `llmpipe` command shares: the common options, error handling (one line on stderr, exit
 1), settings loading, finding the running stack's broker, JSON output, publishing control records.
-Every sub-command module of pipeline/cli/ imports these; pipeline/cli/__init__.py assembles the app."""
+Every sub-command module of pipeline/cli/ imports these; pipeline/cli/__init__.py assembles the app.
+Imports that cost are made where they are used: `llmpipe --help` and `status` start in well under
+2 s (tests/test_cli_startup.py holds the heavy ones out)."""
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import os
 import sys
@@ -13,17 +14,15 @@ from functools import wraps
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, Optional
 
-import orjson
 import typer
-import yaml
-from pydantic import ValidationError
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-
-from pipeline.config.settings import Settings, load_settings
 
 if TYPE_CHECKING:
     from datetime import datetime
+
+    from rich.progress import Progress
+
+    from pipeline.config.settings import Settings
 
 # a pipe or a CI log gets wide tables, not rich's 80-column default
 out = Console(width=None if sys.stdout.isatty() else int(os.environ.get("COLUMNS", "150")))
@@ -42,17 +41,24 @@ class CliError(Exception):
     pass
 
 
-def _known_errors() -> tuple[type[BaseException], ...]:
-    from pipeline.ingress.client import ClientTimeout
-    from pipeline.replay import ReplayError
-    from pipeline.runtime.broker import BrokerError
-    from pipeline.runtime.errors import TopologyError
-    from pipeline.stack import StackError
-    from pipeline.stores.sql_gateway import SqlError
-    from pipeline.stores.warehouse import WarehouseError
+# (module, class) of the failures a command reports in one line
+KNOWN_ERRORS = (("pipeline.stack", "StackError"), ("pipeline.runtime.broker", "BrokerError"),
+                ("pipeline.runtime.errors", "TopologyError"), ("pipeline.stores.sql_gateway", "SqlError"),
+                ("pipeline.stores.warehouse", "WarehouseError"), ("pipeline.replay", "ReplayError"),
+                ("pipeline.ingress.client", "ClientTimeout"), ("pydantic_core", "ValidationError"),
+                ("yaml", "YAMLError"))
 
-    return (CliError, StackError, BrokerError, TopologyError, SqlError, WarehouseError, ReplayError,
-            ClientTimeout, FileNotFoundError, ValidationError, yaml.YAMLError)
+
+def _known_errors() -> tuple[type[BaseException], ...]:
+    """Those of KNOWN_ERRORS whose module is loaded: an exception's class is loaded before it can be
+    raised, and importing them all would cost a failing command half a second."""
+    loaded = (getattr(sys.modules[m], name) for m, name in KNOWN_ERRORS if m in sys.modules)
+    return (CliError, FileNotFoundError, *loaded)
+
+
+def _is_validation_error(exc: BaseException) -> bool:
+    core = sys.modules.get("pydantic_core")
+    return core is not None and isinstance(exc, core.ValidationError)
 
 
 def command(fn: Callable[..., Any]) -> Callable[..., Any]:
@@ -66,7 +72,7 @@ def command(fn: Callable[..., Any]) -> Callable[..., Any]:
             raise
         except _known_errors() as exc:
             msg = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-            if isinstance(exc, ValidationError):
+            if _is_validation_error(exc):
                 msg = f"invalid settings: {exc.errors()[0]['loc']}: {exc.errors()[0]['msg']}"
             sys.stderr.write(f"error: {msg}\n")
             raise typer.Exit(EXIT_ERROR) from None
@@ -77,6 +83,8 @@ def command(fn: Callable[..., Any]) -> Callable[..., Any]:
 
 
 def _settings(data_dir: Path, config: Path | None, bootstrap: str | None = None, **extra: Any) -> Settings:
+    from pipeline.config.settings import load_settings
+
     s = load_settings(config, bootstrap=bootstrap, **extra)
     # --data-dir wins over the file unless left at its default
     if data_dir != Path(".llmpipe") or "data_dir" not in s.model_fields_set:
@@ -112,6 +120,8 @@ def _stack_doorbell(s: Settings) -> Path | None:
 
 
 def _print_json(doc: Any) -> None:
+    import orjson
+
     sys.stdout.write(orjson.dumps(doc, default=str).decode() + "\n")
     sys.stdout.flush()
 
@@ -121,6 +131,8 @@ def _publish_control(bootstrap: str, prefix: str, records: list[tuple[str, Any]]
     """Publish (key, record) pairs on `control` (or another registry topic), in order, acknowledged.
     With the stack's doorbell each send rings the followers, so the change applies at once rather
     than at their next doze timeout (up to a second; runtime/follower.py)."""
+    import asyncio
+
     from pipeline.runtime.codec import encode
     from pipeline.runtime.doorbell import producer_class
     from pipeline.runtime.topics import TopicNames
@@ -221,6 +233,8 @@ def _stage_policy(s: Settings, stage: str, model: Any) -> Any:
 def _progress(label: str, total: int) -> tuple[Progress, Callable[[], None]]:
     """A transient progress bar on stderr and the callback that advances it (use the bar as a
     context manager)."""
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
     progress = Progress(TextColumn(label), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), console=err,
                         transient=True)
     task = progress.add_task(label, total=total)
@@ -230,6 +244,8 @@ def _progress(label: str, total: int) -> tuple[Progress, Callable[[], None]]:
 def _send_lines(s: Settings, file: Path, label: str, **run_load_args: Any) -> Any:
     """A JSONL file through `run_load` with a progress bar; invalid lines are reported on stderr.
     `to_doc`, if given, takes the started client and a line (`rollouts submit` builds rollouts)."""
+    import asyncio
+
     from pipeline.ingress.client import Client
     from pipeline.ingress.load import read_traffic, run_load
 

@@ -2,14 +2,10 @@
 
 from __future__ import annotations
 
-import asyncio
 from pathlib import Path
 from typing import Annotated
 
 import typer
-import yaml
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-from rich.table import Table
 
 from pipeline.cli.app import app
 from pipeline.cli.common import (
@@ -74,6 +70,8 @@ def demo(data_dir: DataDir = Path(".llmpipe/demo"),
 def _start_stack(d: Path, config: Path, images_port: int):
     """A key per configured tenant (one not configured gets 401: "nobody"), the demo's config with
     them, and `llmpipe up --processes` on it in the background."""
+    import yaml
+
     from pipeline.demo import demo_config, demo_tenants
     from pipeline.registries.tenants import new_api_key
     from pipeline.stack import start_detached
@@ -89,6 +87,10 @@ def _start_stack(d: Path, config: Path, images_port: int):
 
 def _send(lines, http_url: str, keys: dict[str, str], images_url: str, rate: float, concurrency: int, *,
           quiet: bool):
+    import asyncio
+
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
     from pipeline.demo import send_traffic
 
     with Progress(TextColumn("sending demo traffic"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
@@ -110,6 +112,8 @@ def _wait_for_rows(query, expected: int, timeout_s: float) -> None:
 
 
 def _print_demo(doc, run, summary: dict, report_path: Path) -> None:
+    from rich.table import Table
+
     from pipeline.demo import MEANING, status_summary
     from pipeline.report_render import print_report
 

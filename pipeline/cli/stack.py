@@ -2,16 +2,13 @@
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import os
 import sys
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import TYPE_CHECKING, Annotated, Optional
 
-import orjson
 import typer
-from rich.table import Table
 
 from pipeline.cli.app import app, topics_app
 from pipeline.cli.common import (
@@ -27,7 +24,9 @@ from pipeline.cli.common import (
     command,
     out,
 )
-from pipeline.config.settings import MAX_IMAGE_PIXELS, Settings
+
+if TYPE_CHECKING:
+    from pipeline.config.settings import Settings
 
 # ---- infrastructure ----------------------------------------------------------------------------
 
@@ -37,6 +36,8 @@ from pipeline.config.settings import MAX_IMAGE_PIXELS, Settings
 def broker(data_dir: DataDir = Path(".llmpipe"), config: ConfigFile = None, bootstrap: Bootstrap = None,
            port: Annotated[int, typer.Option(help="0 = a free port")] = 0, json: Json = False) -> None:
     """Run the embedded Kafka-protocol broker (Tansu) in the foreground until Ctrl-C."""
+    import asyncio
+
     from pipeline.runtime.broker import EmbeddedBroker
 
     s = _settings(data_dir, config, bootstrap)
@@ -66,6 +67,8 @@ def broker(data_dir: DataDir = Path(".llmpipe"), config: ConfigFile = None, boot
 def topics_apply(data_dir: DataDir = Path(".llmpipe"), config: ConfigFile = None, bootstrap: Bootstrap = None,
                  json: Json = False) -> None:
     """Create every registry topic that is missing (idempotent)."""
+    import asyncio
+
     from pipeline.runtime.topics import apply_topics
     from pipeline.runtime.topology import Topology
 
@@ -85,6 +88,8 @@ def up(data_dir: DataDir = Path(".llmpipe"), config: ConfigFile = None, bootstra
        processes: Annotated[bool, typer.Option(help="one process per stage group")] = False,
        json: Json = False) -> None:
     """Start the embedded stack: broker, topics, warehouse sink, every configured stage."""
+    import asyncio
+
     from pipeline.dev_key import read_dev_key
     from pipeline.stack import StackError, run_stack, running_stack, start_detached
 
@@ -131,6 +136,7 @@ def serve(data_dir: DataDir = Path(".llmpipe"), config: ConfigFile = None, boots
           host: Annotated[Optional[str], typer.Option(help="listen address (default: settings http.host)")] = None,
           port: Annotated[Optional[int], typer.Option(help="listen port (default: settings http.port)")] = None) -> None:
     """Run the OpenAI-compatible front door against a broker (`llmpipe up` runs one itself)."""
+    import asyncio
     import signal
 
     from pipeline.ingress.http import FrontDoor, HttpServer
@@ -180,6 +186,10 @@ def worker(stage: Annotated[str, typer.Argument(help="stage name from the topolo
            admin_port: Annotated[int, typer.Option(help="sink only: admin/SQL port (0 = free)")] = 0,
            ready_file: Annotated[Optional[Path], typer.Option(help="touched once the worker consumes")] = None) -> None:
     """Run one stage group's worker against any broker (scale out by running more)."""
+    import asyncio
+
+    from pipeline.config.settings import MAX_IMAGE_PIXELS
+
     # OpenCV reads its pixel cap once, at import: set it before any stage can import cv2
     os.environ.setdefault("OPENCV_IO_MAX_IMAGE_PIXELS", str(MAX_IMAGE_PIXELS))
     from pipeline.runtime.broker_epoch import EPOCH_FILE, EpochWatch
@@ -240,6 +250,9 @@ def status(data_dir: DataDir = Path(".llmpipe"), config: ConfigFile = None, boot
            json: Json = False) -> None:
     """Show the running stack: what stack.json records, and the supervisor's live view (run/health.json:
     the broker, each worker with its restarts and last exit code, the door's readiness)."""
+    import orjson
+    from rich.table import Table
+
     from pipeline.stack import read_health, running_stack
 
     s = _settings(data_dir, config, bootstrap)

@@ -2,12 +2,10 @@
 
 from __future__ import annotations
 
-import asyncio
 import sys
 from pathlib import Path
 from typing import Annotated, Any, Optional
 
-import orjson
 import typer
 
 from pipeline.cli.app import app
@@ -64,6 +62,8 @@ def submit(prompt: Annotated[str, typer.Option("--prompt", help="the user messag
            json: Json = False) -> None:
     """Send one request and print its terminal answer (exit 2 when the status is not ok). Ctrl-C
     while streaming cancels the request."""
+    import asyncio
+
     from pipeline.contracts.request import ChatBody, ChatMessage
     from pipeline.ingress.client import Client
 
@@ -103,6 +103,8 @@ def submit(prompt: Annotated[str, typer.Option("--prompt", help="the user messag
 async def _print_stream(client, doc, timeout_s: float, as_json: bool) -> tuple[Any, dict[str, Any]]:
     """Print each piece as it comes; the terminal answer and how the stream went."""
     import time
+
+    import orjson
 
     from pipeline.ingress.stream_follow import Ended
 

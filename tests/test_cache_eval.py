@@ -13,7 +13,6 @@ command run in this process through typer's test runner."""
 
 from __future__ import annotations
 
-import logging
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,6 +20,7 @@ from pathlib import Path
 import orjson
 import pytest
 
+from tests.support.cli import llmpipe_in_process
 from tests.support.paths import ROOT
 
 DATA = ROOT / "tests" / "data"
@@ -54,7 +54,11 @@ def evaluate_file(embedder, path: Path, **policy) -> dict:
     from pipeline.security.sealing import Keyring
     from pipeline.stages.cache.eval import evaluate, read_pairs
     from pipeline.stages.cache.policy import CachePolicy
-    from pipeline.stages.cache.semantic import KEYWORD_FIELDS, NUMERIC_FIELDS, SemanticCache
+    from pipeline.stages.cache.semantic import (
+        KEYWORD_FIELDS,
+        NUMERIC_FIELDS,
+        SemanticCache,
+    )
     from pipeline.stores.vector_index import open_index
 
     with tempfile.TemporaryDirectory() as tmp:
@@ -85,24 +89,6 @@ def test_precision_recall_and_false_hits_stay_above_their_floors(name, embedder)
     assert all(p["verifier_p"] is not None and p["gate"].get("verifier") for p in report["pairs"] if p["hit"])
 
 
-def cli(*args: str):
-    """`llmpipe ARGS` in this process (typer's runner: stdout and stderr apart, an exit code)."""
-    from typer.testing import CliRunner
-
-    from pipeline.cli import app
-
-    root = logging.getLogger()
-    saved = root.handlers[:], root.level, {n: logging.getLogger(n).level for n in ("aiokafka", "httpx", "presidio-analyzer")}
-    root.handlers = []  # as in a fresh process: the command's basicConfig then logs to the captured stderr
-    try:
-        return CliRunner().invoke(app, list(args))
-    finally:
-        root.handlers, level, quieted = saved
-        root.setLevel(level)
-        for n, lvl in quieted.items():
-            logging.getLogger(n).setLevel(lvl)
-
-
 def few_pairs() -> list[dict]:
     """From the shipped set: the same text asked twice by one tenant (must hit), by two tenants (must
     not) and a few negations (different)."""
@@ -117,8 +103,8 @@ def test_cache_eval_prints_its_report_as_json(tmp_path):
     rows = few_pairs()
     pairs = tmp_path / "few.jsonl"
     pairs.write_bytes(b"".join(orjson.dumps(r) + b"\n" for r in rows))
-    r = cli("cache-eval", "--pairs", str(pairs), "--json", "--data-dir", str(tmp_path))
-    assert r.exit_code == 0, r.stderr + repr(r.exception)
+    r = llmpipe_in_process("cache-eval", "--pairs", str(pairs), "--json", data_dir=tmp_path)
+    assert r.returncode == 0, r.stderr
     report = orjson.loads(r.stdout.strip().splitlines()[-1])
     assert set(report) == {"overall", "by_domain", "by_kind", "verifier", "pairs"}
     assert [p["label"] for p in report["pairs"]] == [row["label"] for row in rows]
@@ -135,5 +121,5 @@ def test_cache_eval_prints_its_report_as_json(tmp_path):
 def test_cache_eval_rejects_a_bad_file(tmp_path):
     bad = tmp_path / "bad.jsonl"
     bad.write_text('{"a": "x", "b": "y", "label": "maybe", "domain": "faq"}\n')
-    r = cli("cache-eval", "--pairs", str(bad), "--data-dir", str(tmp_path))
-    assert r.exit_code == 1 and "bad.jsonl:1" in r.stderr and "label" in r.stderr, r.stderr
+    r = llmpipe_in_process("cache-eval", "--pairs", str(bad), data_dir=tmp_path)
+    assert r.returncode == 1 and "bad.jsonl:1" in r.stderr and "label" in r.stderr, r.stderr

@@ -10,7 +10,6 @@ tuned and held out side by side, misses by type) is bench/mask_eval.py's (bench/
 from __future__ import annotations
 
 import json
-import logging
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -18,6 +17,7 @@ import pytest
 
 from pipeline.stages.mask.eval import evaluate, read_sentences
 from pipeline.stages.mask.pii import Masker, MaskPolicy
+from tests.support.cli import llmpipe_in_process
 
 DATA = Path(__file__).parent / "data"
 TYPES = {"PERSON", "LOCATION", "EMAIL_ADDRESS", "PHONE_NUMBER", "CREDIT_CARD", "IBAN_CODE", "US_SSN", "KR_RRN",
@@ -125,24 +125,6 @@ def test_identifiers_and_ordinary_words_are_left_alone(masker, text):
     assert masker.mask([text]).texts == [text]
 
 
-def cli(*args: str):
-    """`llmpipe ARGS` in this process (typer's runner: stdout and stderr apart, an exit code)."""
-    from typer.testing import CliRunner
-
-    from pipeline.cli import app
-
-    root = logging.getLogger()
-    saved = root.handlers[:], root.level, {n: logging.getLogger(n).level for n in ("aiokafka", "httpx", "presidio-analyzer")}
-    root.handlers = []  # as in a fresh process: the command's basicConfig then logs to the captured stderr
-    try:
-        return CliRunner().invoke(app, list(args))
-    finally:
-        root.handlers, level, quieted = saved
-        root.setLevel(level)
-        for n, lvl in quieted.items():
-            logging.getLogger(n).setLevel(lvl)
-
-
 def test_mask_eval_cli_prints_rates_and_no_value(tmp_path):
     # a few development sentences: the first of each type, and three negatives
     lines = [json.loads(line) for line in (DATA / "pii_dev.jsonl").read_text().splitlines() if line.strip()]
@@ -150,8 +132,8 @@ def test_mask_eval_cli_prints_rates_and_no_value(tmp_path):
     few = [*{id(r): r for r in firsts.values()}.values(), *[r for r in lines if not r["pii"]][:3]]
     sentences = tmp_path / "few.jsonl"
     sentences.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in few))
-    r = cli("mask-eval", "--file", str(sentences), "--json", "--data-dir", str(tmp_path))
-    assert r.exit_code == 0, r.stderr + repr(r.exception)
+    r = llmpipe_in_process("mask-eval", "--file", str(sentences), "--json", data_dir=tmp_path)
+    assert r.returncode == 0, r.stderr
     report = json.loads(r.stdout.strip().splitlines()[-1])
     assert set(report["recall"]) == {p["type"] for row in few for p in row["pii"]} and len(report["recall"]) >= 5
     assert report["recall_overall"] == 1.0 and report["negatives"] == 3 and report["false_positives"] == 0
@@ -161,5 +143,5 @@ def test_mask_eval_cli_prints_rates_and_no_value(tmp_path):
     assert not [v for v in values if v in r.stdout + r.stderr]
     bad = tmp_path / "bad.jsonl"
     bad.write_text('{"text": "hello", "pii": [{"type": "PERSON", "value": "Zed"}]}\n')
-    r = cli("mask-eval", "--file", str(bad), "--data-dir", str(tmp_path))
-    assert r.exit_code == 1 and "bad.jsonl:1" in r.stderr and "not in the text" in r.stderr, r.stderr
+    r = llmpipe_in_process("mask-eval", "--file", str(bad), data_dir=tmp_path)
+    assert r.returncode == 1 and "bad.jsonl:1" in r.stderr and "not in the text" in r.stderr, r.stderr

@@ -1,4 +1,5 @@
 # The two commands: `make demo` and `make test`. Both set up .venv first and are idempotent.
+# `make test-fast` is the edit loop: the tests that need no broker, stack or model (a few minutes).
 SHELL := /bin/bash
 PYTHON ?= python3
 VENV := .venv
@@ -10,7 +11,7 @@ STAMP := $(VENV)/.installed-$(shell sha1sum pyproject.toml | cut -c1-12)
 DEMO_DIR ?= .llmpipe/demo
 DEMO_CONFIG ?= examples/demo.yaml
 
-.PHONY: install test demo schemas bench deploy-tools clean
+.PHONY: install test test-fast demo schemas bench deploy-tools clean
 
 $(STAMP): pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -33,8 +34,15 @@ deploy-tools:
 	  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq docker-compose >/dev/null) \
 	  || echo "warning: could not install docker-compose; the compose validation test will say why" >&2; }
 
+# Two xdist workers overlap the suite's waits (stack boots, sink flushes, one model thread) on two
+# cores; a unit is a module or the modules sharing a stack, longest first (tests/support/scheduling.py).
 test: install deploy-tools
-	OMP_NUM_THREADS=1 $(PY) -m pytest -q -p no:cacheprovider --durations=40
+	OMP_NUM_THREADS=1 $(PY) -m pytest -q -p no:cacheprovider -n 2 --dist loadgroup --no-loadscope-reorder --durations=40
+
+# Markers come from tests/conftest.py (fixtures that need a broker, stack or model; its MARKED list);
+# in this lane a guard fails any test that still starts a broker, a stack, vLLM or a model.
+test-fast: install
+	OMP_NUM_THREADS=1 $(PY) -m pytest -q -p no:cacheprovider -m "not integration and not model" --durations=15
 
 # The main job: the embedded stack on the bundled traffic (examples/demo_traffic.jsonl) through the
 # front door, then the analyst report. A fresh data dir each run.

@@ -9,7 +9,6 @@ from __future__ import annotations
 import base64
 import io
 import json
-import socket
 import time
 
 import httpx
@@ -17,54 +16,18 @@ import openai
 import pytest
 from PIL import Image
 
-from pipeline.registries.adapters import adapter_digest
-from pipeline.registries.tenants import key_hash, new_api_key
-from tests.support.cli import last_json, llmpipe, running
+from tests.support.cli import last_json, llmpipe
+from tests.support.product import BROKEN
+from tests.support.warehouse import rows_when as _rows_when
+from tests.support.warehouse import sql as _sql
 
 pytestmark = pytest.mark.integration
 
-BROKEN = "zzqbroken zzqbroken"  # the prompt the `broken` route's exemplar matches exactly
-
-
-def closed_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
-def door(tmp_path_factory):
-    data_dir = tmp_path_factory.mktemp("frontdoor")
-    keys = {t: new_api_key() for t in ("acme", "tight", "other", "slots")}
-    limits = {"tight": {"rpm": 1}, "slots": {"concurrency": 2}}
-    roots = data_dir / "adapters"
-    for name in ("support-lora", "spare-lora"):
-        (roots / name).mkdir(parents=True)
-        (roots / name / "adapter_config.json").write_text(json.dumps({"r": 8, "name": name}))
-    config = {
-        "auth": {"required": True},
-        "lora": {"allowed_roots": [str(roots)]},
-        "adapters": [{"name": "support-lora", "revision": "r1", "path": str(roots / "support-lora"), "rank": 8,
-                      "sha256": adapter_digest(roots / "support-lora"), "tenants": ["acme"]}],
-        "tenants": [{"name": t, "limits": limits.get(t, {}), "api_keys": [{"key_sha256": key_hash(k)}]}
-                    for t, k in keys.items()],
-        "deployments": [{"name": "local-vllm", "engine": "vllm", "json_schema": True},
-                        {"name": "dead", "engine": "openai", "base_url": f"http://127.0.0.1:{closed_port()}/v1"}],
-        "stages": [
-            {"name": "mask"}, {"name": "cache"},
-            {"name": "route", "policy": {"default_route": "simple", "routes": {
-                "simple": {"model": "small", "deployments": ["local-vllm"], "exemplars": ["Say hello"]},
-                "broken": {"model": "small", "deployments": ["dead"], "exemplars": [BROKEN], "keywords": ["zzqbroken"]},
-            }}},
-            {"name": "admit"}, {"name": "media"}, {"name": "vision"},
-            {"name": "generate", "policy": {"prefer": ["local-vllm"],
-                                            "retry": {"max_attempts": 2, "backoff_base_ms": 20,
-                                                      "attempt_timeout_ms": 5000, "fallback_reserve_ms": 100}}},
-            {"name": "postprocess"},
-        ],
-    }
-    with running(config, data_dir, "--processes") as info:
-        yield info, keys, data_dir
+def door(product_stack):
+    """The shared product stack (tests/support/product.py): the front door's tenants are acme, tight
+    (rpm 1), other and slots (concurrency 2)."""
+    return product_stack.info, product_stack.keys, product_stack.data_dir
 
 
 def client(info, key: str | None, **kw) -> openai.OpenAI:
@@ -244,43 +207,72 @@ def test_adapters_are_authorised_per_tenant_and_registered_live(door):
             time.sleep(1)
 
 
-def test_no_api_key_rests_on_any_topic(door):
-    """The door publishes its signed caller assertion, never the key; mask strips the assertion."""
-    import asyncio
+class _Records(list):
+    """A topic's records; in a wait's failure message, how many (not each record)."""
 
-    from tests.support.kafka import read_topic
+    def __repr__(self) -> str:
+        return f"<{len(self)} records, none of them the one awaited>"
+
+
+def _bytes_of(rec) -> bytes:
+    return (rec.key or b"") + (rec.value or b"") + b"".join(k.encode() + (v or b"") for k, v in rec.headers or ())
+
+
+def test_no_api_key_rests_on_any_topic(door):
+    """The door publishes its signed caller assertion, never the key; mask strips the assertion. Each
+    topic scanned first holds a record this test caused (an empty read proves nothing)."""
+    import asyncio
+    import uuid
+
+    import orjson
+    from aiokafka import AIOKafkaProducer
+
+    from tests.support.kafka import read_until_quiet
+    from tests.support.waits import poll
 
     info, keys, _ = door
+    prefix, bootstrap = info["topic_prefix"], info["bootstrap"]
+    mark = uuid.uuid4().hex[:10]
+    # a prompt no test asked (a cache hit would skip route) and an idempotency key (admit writes a claim)
     r = client(info, keys["other"]).chat.completions.create(
-        model="small", messages=[{"role": "user", "content": "Say hi."}], max_tokens=3)
-    assert r.choices[0].message.content is not None
-    prefix = info["topic_prefix"]
-    for topic in ("requests", "stage.cache", "stage.route", "responses", "dlq", "admit.state", "evidence"):
-        records = asyncio.run(read_topic(info["bootstrap"], prefix + topic, 10_000, timeout=3))
-        blob = b"".join((rec.value or b"") + b"".join(v for _, v in rec.headers or ()) for rec in records)
+        model="small", messages=[{"role": "user", "content": f"Say hi to agent {mark}."}], max_tokens=3,
+        extra_headers={"Idempotency-Key": f"leak-{mark}"})
+    assert r.choices[0].message.content is not None and r.model_extra["llmpipe"]["cache"] != "hit"
+    rid = r.model_extra["llmpipe"]["request_id"].encode()
+
+    async def poison() -> tuple[int, int]:  # fault injection: bytes route cannot read go to the DLQ
+        p = AIOKafkaProducer(bootstrap_servers=bootstrap, acks="all")
+        await p.start()
+        try:
+            meta = await p.send_and_wait(prefix + "stage.route", b"\xffnot a request " + mark.encode(),
+                                         key=mark.encode())
+            return meta.partition, meta.offset
+        finally:
+            await p.stop()
+
+    where = asyncio.run(poison())
+
+    def dead_letter_of_poison(rec) -> bool:
+        d = orjson.loads(rec.value)
+        return (d["topic"], d["partition"], d["offset"]) == (prefix + "stage.route", *where)
+
+    def ours(rec) -> bool:
+        return rid in _bytes_of(rec)
+
+    awaited = {"requests": ours, "stage.cache": ours, "stage.route": ours, "responses": ours, "evidence": ours,
+               "admit.state": ours, "dlq": dead_letter_of_poison}
+    for topic, want in awaited.items():
+        records = poll(lambda: _Records(asyncio.run(read_until_quiet(bootstrap, prefix + topic, quiet_s=1, timeout=15))),
+                       lambda recs: any(want(rec) for rec in recs), 60, f"{topic}: a record this test caused")
+        blob = b"".join(_bytes_of(rec) for rec in records)
         leaked = [t for t, k in keys.items() if k.encode() in blob]
         assert not leaked, (topic, leaked)
         if topic == "requests":
-            assert records and all(b'"caller_assertion":"a2.' in rec.value for rec in records)
+            assert all(b'"caller_assertion":"a2.' in rec.value for rec in records)
             assert all(b'"api_key":null' in rec.value or b'"api_key"' not in rec.value for rec in records)
         if topic.startswith("stage."):
             assert all(b'"caller_assertion":null' in rec.value or b"caller_assertion" not in rec.value
                        for rec in records)
-
-
-def _sql(data_dir, query: str) -> list[dict]:
-    r = llmpipe("sql", query, "--format", "json", data_dir=data_dir)
-    assert r.returncode == 0, r.stderr
-    return last_json(r)
-
-
-def _rows_when(data_dir, query: str, ok, timeout: float = 60) -> list[dict]:
-    deadline = time.monotonic() + timeout
-    while True:
-        rows = _sql(data_dir, query)
-        if ok(rows) or time.monotonic() > deadline:
-            return rows
-        time.sleep(1)
 
 
 def _deltas_of(info, request_id: str, data_dir) -> list[dict]:

@@ -4,52 +4,50 @@ mask → cache → route → generate (vLLM) → postprocess, driven by `llmpipe
 from __future__ import annotations
 
 import json
+import subprocess
 import time
+import uuid
 
 import pytest
 
 from tests.support.cli import last_json, llmpipe
+from tests.support.waits import poll
 
 pytestmark = pytest.mark.integration
 
 
-def test_submit_answers_paris_then_the_cache_serves_the_repeat(tmp_path):
-    up = llmpipe("up", "--detach", "--processes", "--json", data_dir=tmp_path, timeout=600)
-    assert up.returncode == 0, up.stderr
-    info = last_json(up)
-    try:
-        assert info["stages"] == ["mask", "cache", "route", "admit", "media", "vision", "generate",
-                                  "postprocess"]
-        first = llmpipe("submit", "--prompt", "What is the capital of France?", "--json", data_dir=tmp_path, timeout=300)
-        assert first.returncode == 0, first.stderr
-        a = last_json(first)
-        assert a["status"] == "ok" and "Paris" in a["text"], a
-        assert a["cache"] == "miss" and a["route"] and a["model"] == "smollm2-135m-instruct"
-        assert a["usage"]["completion_tokens"] > 0 and a["usage"]["prompt_tokens"] > 0
-        assert set(a["timings"]) == {"mask", "cache", "route", "admit", "generate", "postprocess"}
-        # the write-back travels on control to the cache worker; then the same question is a hit
-        deadline = time.monotonic() + 60
-        while True:
-            again = last_json(llmpipe("submit", "--prompt", "What is the capital of France?", "--json",
-                                      data_dir=tmp_path, timeout=300))
-            if again["cache"] == "hit" or time.monotonic() > deadline:
-                break
-            time.sleep(1)
-        assert again["cache"] == "hit" and again["text"] == a["text"]
-        assert "generate" not in again["timings"], "a hit skips the model"
-        # PII is masked before the model and restored in the answer
-        pii = llmpipe("submit", "--prompt", "Repeat exactly: my email is jane.doe@example.com", "--json",
-                      data_dir=tmp_path, timeout=300)
-        assert pii.returncode == 0, pii.stderr
-        rows = last_json(llmpipe("sql", "SELECT stage, decision FROM decisions FINAL ORDER BY stage", "--format",
-                                 "json", data_dir=tmp_path))
-        stages = {r["stage"] for r in rows}
-        assert {"mask", "cache", "route", "route.placement", "generate", "postprocess"} <= stages
-        dump = llmpipe("sql", "SELECT * FROM decisions", "--format", "json", data_dir=tmp_path).stdout
-        assert "jane.doe@example.com" not in dump
-        load_all_kinds_and_check_every_answer_and_row(tmp_path)
-    finally:
-        assert llmpipe("down", data_dir=tmp_path, timeout=180).returncode == 0
+def test_submit_answers_paris_then_the_cache_serves_the_repeat(product_stack):
+    """On the shared product stack (tests/support/product.py), as its own tenant `product`."""
+    data_dir, key = product_stack.data_dir, product_stack.keys["product"]
+
+    def submit(prompt: str) -> subprocess.CompletedProcess:
+        return llmpipe("submit", "--prompt", prompt, "--api-key", key, "--json", data_dir=data_dir, timeout=300)
+
+    info = product_stack.info
+    assert info["stages"] == ["mask", "cache", "route", "admit", "media", "vision", "generate",
+                              "postprocess"]
+    first = submit("What is the capital of France?")
+    assert first.returncode == 0, first.stderr
+    a = last_json(first)
+    assert a["status"] == "ok" and "Paris" in a["text"], a
+    assert a["cache"] == "miss" and a["route"] and a["model"] == "smollm2-135m-instruct"
+    assert a["usage"]["completion_tokens"] > 0 and a["usage"]["prompt_tokens"] > 0
+    assert set(a["timings"]) == {"mask", "cache", "route", "admit", "generate", "postprocess"}
+    # the write-back travels on control to the cache worker; then the same question is a hit
+    again = poll(lambda: last_json(submit("What is the capital of France?")), lambda r: r["cache"] == "hit", 60,
+                 "the repeated question served from the cache", 1)
+    assert again["text"] == a["text"]
+    assert "generate" not in again["timings"], "a hit skips the model"
+    # PII is masked before the model and restored in the answer
+    pii = submit("Repeat exactly: my email is jane.doe@example.com")
+    assert pii.returncode == 0, pii.stderr
+    rows = last_json(llmpipe("sql", "SELECT stage, decision FROM decisions FINAL ORDER BY stage", "--format",
+                             "json", data_dir=data_dir))
+    stages = {r["stage"] for r in rows}
+    assert {"mask", "cache", "route", "route.placement", "generate", "postprocess"} <= stages
+    dump = llmpipe("sql", "SELECT * FROM decisions", "--format", "json", data_dir=data_dir).stdout
+    assert "jane.doe@example.com" not in dump
+    load_all_kinds_and_check_every_answer_and_row(data_dir, key)
 
 
 def mixed_traffic(n: int = 96) -> list[dict]:
@@ -88,11 +86,11 @@ def mixed_traffic(n: int = 96) -> list[dict]:
 MIXED_N = 96  # 12 of each of the 8 kinds
 
 
-def load_all_kinds_and_check_every_answer_and_row(tmp_path) -> None:
-    traffic = tmp_path / "mixed.jsonl"
+def load_all_kinds_and_check_every_answer_and_row(data_dir, key: str) -> None:
+    traffic = data_dir / f"mixed-{uuid.uuid4().hex[:8]}.jsonl"
     traffic.write_text("".join(json.dumps(line, ensure_ascii=False) + "\n" for line in mixed_traffic(MIXED_N)))
     t0_ms = int(time.time() * 1000)
-    res = llmpipe("load", "--file", str(traffic), "--json", data_dir=tmp_path, timeout=900)
+    res = llmpipe("load", "--file", str(traffic), "--api-key", key, "--json", data_dir=data_dir, timeout=900)
     assert res.returncode == 0, res.stderr
     summary = last_json(res)
     assert summary["sent"] == MIXED_N and sum(summary["by_status"].values()) == MIXED_N, summary
@@ -102,21 +100,18 @@ def load_all_kinds_and_check_every_answer_and_row(tmp_path) -> None:
     errors = summary["by_status"].get("error", 0)
     assert truncated <= errors <= truncated + 2 and summary["by_status"]["ok"] == MIXED_N - errors, summary
     assert summary["by_error_class"] == {"schema_invalid": errors}, summary
-    where = f"created >= fromUnixTimestamp64Milli(toInt64({t0_ms}))"
-    deadline = time.monotonic() + 120
-    while True:  # the sink flushes in batches
-        rows = last_json(llmpipe("sql", f"SELECT count() AS n, uniqExact(request_id) AS u FROM requests FINAL "
-                                        f"WHERE {where}", "--format", "json", data_dir=tmp_path))
-        if rows[0]["u"] >= MIXED_N or time.monotonic() > deadline:
-            break
-        time.sleep(2)
+    where = f"tenant_id = 'product' AND created >= fromUnixTimestamp64Milli(toInt64({t0_ms}))"
+    # the sink flushes in batches
+    rows = poll(lambda: last_json(llmpipe("sql", f"SELECT count() AS n, uniqExact(request_id) AS u FROM requests "
+                                                 f"FINAL WHERE {where}", "--format", "json", data_dir=data_dir)),
+                lambda rows: rows[0]["u"] >= MIXED_N, 120, "every request of the load in the warehouse", 2)
     assert rows[0]["n"] == rows[0]["u"] == MIXED_N, rows
     # every stage a request passed (its timings) left a decision row for it
     passed = last_json(llmpipe("sql", f"""
         SELECT r.request_id AS id, mapKeys(r.stage_service_ms) AS passed, groupUniqArray(d.stage) AS decided
         FROM (SELECT * FROM requests FINAL WHERE {where}) AS r
         LEFT JOIN (SELECT request_id, stage FROM decisions FINAL WHERE step = 0) AS d ON d.request_id = r.request_id
-        GROUP BY id, passed""", "--format", "json", data_dir=tmp_path))
+        GROUP BY id, passed""", "--format", "json", data_dir=data_dir))
     assert len(passed) == MIXED_N
     missing = [(r["id"], sorted(set(r["passed"]) - set(r["decided"]))) for r in passed
                if not set(r["passed"]) <= set(r["decided"])]
@@ -125,5 +120,5 @@ def load_all_kinds_and_check_every_answer_and_row(tmp_path) -> None:
     # every miss passes admit; only the repeated question (1 in 8) can be a hit
     assert sum("admit" in r["passed"] for r in passed) >= MIXED_N - MIXED_N // 8, "every miss passes admit"
     for table in ("decisions", "requests"):
-        dump = llmpipe("sql", f"SELECT * FROM {table}", "--format", "json", data_dir=tmp_path).stdout
+        dump = llmpipe("sql", f"SELECT * FROM {table}", "--format", "json", data_dir=data_dir).stdout
         assert "@example.com" not in dump and "김민수" not in dump, f"PII in {table}"

@@ -13,7 +13,12 @@ import pytest
 
 from tests.support.cli import last_json, llmpipe
 from tests.support.paths import ROOT
-from tests.support.report_check import RAW_DECISIONS, RAW_REQUESTS, expected_sections, mismatches
+from tests.support.report_check import (
+    RAW_DECISIONS,
+    RAW_REQUESTS,
+    expected_sections,
+    mismatches,
+)
 from tests.support.warehouse import sql
 
 pytestmark = pytest.mark.integration

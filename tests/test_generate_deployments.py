@@ -28,7 +28,12 @@ import pytest_asyncio
 from pipeline.config.settings import Settings
 from pipeline.contracts import BreakerUpdate, ControlRecord, Evidence, Response
 from pipeline.contracts.base import now_ms
-from pipeline.contracts.request import ChatBody, ChatMessage, RequestContext, ResponseFormat
+from pipeline.contracts.request import (
+    ChatBody,
+    ChatMessage,
+    RequestContext,
+    ResponseFormat,
+)
 from pipeline.engines.chat_engine import Generation, Sampling
 from pipeline.engines.model_prep import MODEL_NAME
 from pipeline.engines.openai_engine import OpenAIEngine

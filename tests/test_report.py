@@ -11,7 +11,12 @@ from pathlib import Path
 import pytest
 
 from tests.support.cli import last_json, llmpipe
-from tests.support.report_check import RAW_DECISIONS, RAW_REQUESTS, expected_sections, mismatches
+from tests.support.report_check import (
+    RAW_DECISIONS,
+    RAW_REQUESTS,
+    expected_sections,
+    mismatches,
+)
 from tests.support.warehouse import rows_when
 
 pytestmark = pytest.mark.integration

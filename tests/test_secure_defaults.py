@@ -59,3 +59,18 @@ def test_server_credentials_stay_out_of_the_dsn(monkeypatch):
     w = wh.open_warehouse(s)
     assert seen == {"dsn": "http://clickhouse:8123/llmpipe", "username": "llmpipe", "password": "pw-123"}
     assert "pw-123" not in w.dsn and "pw-123" not in s.resolved_warehouse_dsn()
+
+
+def test_no_config_means_the_whole_product_on_the_local_model():
+    """`llmpipe up` with no config file (what a newcomer runs; the product path test now runs on the
+    shared stack's config): every product stage, in order, and every default route served by a
+    deployment that exists."""
+    from pipeline.runtime.topology import PRODUCT_STAGES, Topology
+    from pipeline.stages.route.policy import RoutePolicy
+
+    s = Settings()
+    assert Topology(s).order == ["mask", "cache", "route", "admit", "media", "vision", "generate", "postprocess"]
+    assert list(PRODUCT_STAGES) == Topology(s).order
+    names = {d.name for d in s.deployments}
+    routes = RoutePolicy().routes
+    assert routes and all(r.deployments and set(r.deployments) <= names for r in routes.values()), (names, routes)

@@ -20,7 +20,7 @@ import pytest_asyncio
 
 from pipeline.runtime.broker import EmbeddedBroker
 
-pytest_plugins = ["tests.support.fixtures", "tests.support.scheduling"]  # the shared product stack; the xdist units
+pytest_plugins = ["tests.support.fixtures"]  # the shared product stack
 
 # Every process we start (and this one) keeps torch/BLAS to one thread on 2 cores.
 os.environ.setdefault("OMP_NUM_THREADS", "1")

@@ -23,6 +23,7 @@ from pipeline.registries.adapters import adapter_digest
 from pipeline.registries.tenants import key_hash, new_api_key
 from tests.support.cli import last_json, llmpipe
 from tests.support.paths import ROOT
+from tests.support.waits import poll
 
 pytestmark = pytest.mark.integration
 
@@ -98,7 +99,9 @@ def test_base_rows_stay_exact_under_mixed_traffic_and_adapters_apply(lora_stack)
                               "WHERE stage = 'generate.adapter'")
         events = sql(data_dir, "SELECT name, transition, duration_ms, request_id FROM weight_events FINAL "
                                "WHERE kind = 'adapter'")
-        if len(events) == len(moves) and {m["decision"] for m in moves} >= {"cold->warm", "warm->hot", "hot->warm"}:
+        loaded = {m["adapter"] for m in moves if m["decision"] == "cold->warm"}
+        if len(events) == len(moves) and {m["decision"] for m in moves} >= {"cold->warm", "warm->hot", "hot->warm"} \
+                and loaded >= {"lora-a@r1", "lora-b@r1"}:  # both loads written, not just the first (sink batches)
             break
         assert time.monotonic() < deadline, (moves, events)
         time.sleep(1)
@@ -438,6 +441,11 @@ def switch_actor_under_load(lora_stack, prepared_model, tmp_path):
     # rollback: act-2 is rejected, act-1 serves again, act-2's samples are marked and left out of exports
     back = actor("rollback", "--reason", "reward regressed")
     assert back.returncode == 0 and last_json(back) == {"rejected": "act-2", "active": "act-1"}, back.stderr
+    # the command publishes the decision; each replica switches when it reads it and then reports
+    # act-2 draining: sample only once both did (the samples in between are act-2's, tagged so)
+    poll(lambda: sql(data_dir, "SELECT DISTINCT replica FROM weight_events FINAL WHERE kind = 'actor' "
+                               "AND revision = 'act-2' AND transition = 'draining'"),
+         lambda rows: len(rows) == 2, 120, "both replicas off act-2 after the rollback", 1)
     again = greedy_rollouts(data_dir, keys["plain"], ref_file, "ref-3")
     assert last_json(again)["actor_revisions"] == {next(iter(tag1)): 16}
     out = tmp_path / "all.jsonl"

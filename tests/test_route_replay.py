@@ -13,6 +13,7 @@ from pipeline.ingress import Client
 from pipeline.stages.route.policy import RoutePolicy
 from pipeline.stages.route.stage import Router, route_text
 from tests.support.cli import last_json, llmpipe
+from tests.support.waits import poll
 
 pytestmark = [pytest.mark.integration, pytest.mark.asyncio(loop_scope="session")]
 
@@ -105,9 +106,10 @@ async def test_an_experiment_is_sticky_per_episode_recorded_and_a_reweighting_re
                 break
             await asyncio.sleep(0.5)
         assert {r["episode_id"]: set(r["v"]) for r in rows} == by_episode  # the warehouse agrees
-        ev = last_json(llmpipe("sql", "SELECT count() AS n FROM decisions FINAL WHERE stage = 'route' AND "
-                                      "labels['experiment'] = 'tone' AND labels['assignment'] = 'episode' AND "
-                                      "episode_id != ''", "--format", "json", data_dir=tmp_path))
+        ev = poll(lambda: last_json(llmpipe("sql", "SELECT count() AS n FROM decisions FINAL WHERE stage = 'route' AND "
+                                                   "labels['experiment'] = 'tone' AND labels['assignment'] = 'episode' "
+                                                   "AND episode_id != ''", "--format", "json", data_dir=tmp_path)),
+                  lambda ev: ev[0]["n"] >= 200, 60, "every routed request's decision row")  # the sink's batches
         assert ev[0]["n"] == 200
 
         rep = llmpipe("replay", "--topic", "requests", "--from-offset", ",".join(f"{p}:0" for p in range(6)),

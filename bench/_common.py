@@ -5,7 +5,11 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
+import sys
 import time
+from pathlib import Path
+from typing import Any
 
 
 def pct(values: list[float], q: float) -> float | None:
@@ -159,3 +163,26 @@ def print_result(console, result: dict, t0: float) -> None:
     result["wall_s"] = round(time.perf_counter() - t0, 1)
     console.print(f"wall time {result['wall_s']} s")
     print(json.dumps(result, separators=(",", ":")))
+
+
+def wide_console():
+    """A rich console that gives a pipe or a log the full table, not rich's 80-column default."""
+    from rich.console import Console
+
+    return Console(width=None if sys.stdout.isatty() else int(os.environ.get("COLUMNS", "150")))
+
+
+def code_state(root: Path) -> dict[str, Any]:
+    """The commit an evaluation ran on, and the files under pipeline/ that differed from it."""
+
+    def git(*args: str) -> str:
+        r = subprocess.run(["git", *args], cwd=root, capture_output=True, text=True, check=False)
+        return r.stdout if r.returncode == 0 else ""
+
+    changed = [line[3:] for line in git("status", "--porcelain", "--", "pipeline").splitlines() if line.strip()]
+    return {"commit": git("rev-parse", "--short", "HEAD").strip() or None, "pipeline_uncommitted": changed}
+
+
+def fmt(v: Any, nd: int = 2) -> str:
+    """A table cell: '-' for none, floats to `nd` places."""
+    return "-" if v is None else (f"{v:.{nd}f}" if isinstance(v, float) else str(v))

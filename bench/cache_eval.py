@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import datetime
 import os
-import subprocess
 import sys
 import tempfile
 import time
@@ -35,14 +34,12 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 import orjson  # noqa: E402
 import typer  # noqa: E402
-from rich.console import Console  # noqa: E402
 from rich.table import Table  # noqa: E402
 
-from bench._common import print_result  # noqa: E402
+from bench._common import code_state, fmt, print_result, wide_console  # noqa: E402
 
 DATA = ROOT / "tests" / "data"
-# a pipe or a log gets the full table, not rich's 80-column default (as the CLI does)
-console = Console(width=None if sys.stdout.isatty() else int(os.environ.get("COLUMNS", "150")))
+console = wide_console()
 
 # name -> (role, history). Role: "held_out" = never tuned on; "tuned" = rules, lexicon or the verifier
 # were fitted on it (README "cache", docs/ARCHITECTURE.md; tests/data/CACHE_PAIRS*.md say how each was written)
@@ -59,16 +56,6 @@ SETS: dict[str, tuple[str, str]] = {
     "cache_pairs_unseen5": ("held_out", "written apart, committed before the change it judged (0991a78); never tuned on"),
 }
 QUICK = ("cache_pairs", "cache_pairs_unseen5")  # what tests/test_cache_eval.py holds at a floor
-
-
-def _commit() -> dict[str, Any]:
-    def git(*args: str) -> str:
-        r = subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True, check=False)
-        return r.stdout if r.returncode == 0 else ""
-
-    # the evaluated code is pipeline/: name its files that differ from the commit named ("XY path" lines)
-    changed = [line[3:] for line in git("status", "--porcelain", "--", "pipeline").splitlines() if line.strip()]
-    return {"commit": git("rev-parse", "--short", "HEAD").strip() or None, "pipeline_uncommitted": changed}
 
 
 def _ratio(num: int, den: int) -> float | None:
@@ -145,10 +132,6 @@ def evaluate_set(embedder: Any, name: str, gate_only: bool) -> dict[str, Any]:
     }
 
 
-def _f(v: Any, nd: int = 2) -> str:
-    return "-" if v is None else (f"{v:.{nd}f}" if isinstance(v, float) else str(v))
-
-
 def show(result: dict[str, Any]) -> None:
     sets = result["sets"]
     t = Table(title=f"cache-eval, default policy{' without the verifier' if result['gate_only'] else ''}, "
@@ -161,12 +144,12 @@ def show(result: dict[str, Any]) -> None:
         for n in names:
             o = sets[n]["overall"]
             t.add_row(n, role, str(o["pairs"]), str(o["same"]), str(o["hits"]), str(o["false_hits"]),
-                      _f(o["precision"]), _f(o["recall"]), str(o["cross_tenant_hits"]), str(o["volatile_hits"]),
-                      f"{_f(o['lookup_ms']['p50'], 1)} / {_f(o['lookup_ms']['p95'], 1)}", _f(sets[n]["eval_s"], 0))
+                      fmt(o["precision"]), fmt(o["recall"]), str(o["cross_tenant_hits"]), str(o["volatile_hits"]),
+                      f"{fmt(o['lookup_ms']['p50'], 1)} / {fmt(o['lookup_ms']['p95'], 1)}", fmt(sets[n]["eval_s"], 0))
         if names:
             p = result["by_role"][role]
             t.add_row(f"[b]all {role} ({p['sets']})[/b]", role, str(p["pairs"]), str(p["same"]), str(p["hits"]),
-                      str(p["false_hits"]), _f(p["precision"]), _f(p["recall"]), str(p["cross_tenant_hits"]),
+                      str(p["false_hits"]), fmt(p["precision"]), fmt(p["recall"]), str(p["cross_tenant_hits"]),
                       str(p["volatile_hits"]), "", "", end_section=True)
     console.print(t)
     # per kind: `same` kinds show hits/pairs, `different` kinds their false hits
@@ -192,7 +175,7 @@ def show(result: dict[str, Any]) -> None:
     m.add_column("recall by language")
     m.add_column("miss reasons")
     for n, s in sets.items():
-        langs = ", ".join(f"{lang} {_f(v['recall'])}" for lang, v in s["by_lang"].items())
+        langs = ", ".join(f"{lang} {fmt(v['recall'])}" for lang, v in s["by_lang"].items())
         reasons = ", ".join(f"{r} {c}" for r, c in list(s["miss_reasons"].items())[:4])
         m.add_row(n, langs, reasons)
     console.print(m)
@@ -216,14 +199,14 @@ def main(quick: bool = typer.Option(False, "--quick", help=f"only {', '.join(QUI
     if unknown:
         raise typer.BadParameter(f"unknown sets {unknown}; known: {', '.join(SETS)}")
     embedder = Embedder()
-    result: dict[str, Any] = {"bench": "cache_eval", "date": datetime.date.today().isoformat(), **_commit(),
+    result: dict[str, Any] = {"bench": "cache_eval", "date": datetime.date.today().isoformat(), **code_state(ROOT),
                               "policy": "CachePolicy() defaults", "gate_only": gate_only,
                               "embedding": embedder.revision, "sets": {}}
     for n in names:
         console.print(f"{n} ...", end=" ")
         result["sets"][n] = evaluate_set(embedder, n, gate_only)
         o = result["sets"][n]["overall"]
-        console.print(f"precision {_f(o['precision'])}, recall {_f(o['recall'])}, {o['false_hits']} false hits")
+        console.print(f"precision {fmt(o['precision'])}, recall {fmt(o['recall'])}, {o['false_hits']} false hits")
     result["verifier"] = next(iter(result["sets"].values()))["verifier"]
     result["by_role"] = {role: _pool([s["overall"] for s in result["sets"].values() if s["role"] == role])
                          for role in ("tuned", "held_out") if any(s["role"] == role for s in result["sets"].values())}

@@ -33,14 +33,12 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 import orjson  # noqa: E402
 import typer  # noqa: E402
-from rich.console import Console  # noqa: E402
 from rich.table import Table  # noqa: E402
 
-from bench._common import print_result  # noqa: E402
-from bench.cache_eval import _commit, _f  # noqa: E402
+from bench._common import code_state, fmt, print_result, wide_console  # noqa: E402
 
 DATA = ROOT / "tests" / "data"
-console = Console(width=None if sys.stdout.isatty() else int(os.environ.get("COLUMNS", "150")))
+console = wide_console()
 
 # name -> (role, history): README "mask" and docs/ARCHITECTURE.md; tests/data/PII_*.md say how each was written
 SETS: dict[str, tuple[str, str]] = {
@@ -109,10 +107,10 @@ def show(result: dict[str, Any]) -> None:
     for kind in kinds:
         t.add_row(kind, *(cell(s["recall"].get(kind), s["role"] == "held_out") for _, s in cols),
                   *(cell(p["recall"].get(kind), role == "held_out") for role, p in pooled.items()))
-    t.add_row("[b]all types[/b]", *(_f(s["recall_overall"], 3) for _, s in cols),
-              *(_f(p["recall_overall"], 3) for p in pooled.values()), end_section=True)
+    t.add_row("[b]all types[/b]", *(fmt(s["recall_overall"], 3) for _, s in cols),
+              *(fmt(p["recall_overall"], 3) for p in pooled.values()), end_section=True)
     for lang in sorted({lang for s in sets.values() for lang in s["recall_by_lang"]}):
-        t.add_row(f"recall, {lang}", *(_f(s["recall_by_lang"].get(lang), 3) for _, s in cols), *([""] * len(pooled)))
+        t.add_row(f"recall, {lang}", *(fmt(s["recall_by_lang"].get(lang), 3) for _, s in cols), *([""] * len(pooled)))
 
     def fp(s: dict[str, Any]) -> str:
         if not s["negatives"]:
@@ -123,7 +121,7 @@ def show(result: dict[str, Any]) -> None:
     t.add_row("their types", *(", ".join(f"{k} {v}" for k, v in s["false_positive_types"].items()) for _, s in cols),
               *([""] * len(pooled)))
     t.add_row("spans off the labels", *(str(s["spurious_spans_on_positives"]) for _, s in cols), *([""] * len(pooled)))
-    t.add_row("ms p50 / p95", *(f"{_f(s['ms_per_request']['p50'], 1)} / {_f(s['ms_per_request']['p95'], 1)}"
+    t.add_row("ms p50 / p95", *(f"{fmt(s['ms_per_request']['p50'], 1)} / {fmt(s['ms_per_request']['p95'], 1)}"
                                 for _, s in cols), *([""] * len(pooled)))
     console.print(t)
     m = Table(title="misses by type and language")
@@ -152,7 +150,7 @@ def main(sets: str = typer.Option("", help="comma-separated set names (default: 
         raise typer.BadParameter(f"unknown sets {unknown}; known: {', '.join(SETS)}")
     masker = Masker(MaskPolicy())
     masker.warm()
-    result: dict[str, Any] = {"bench": "mask_eval", "date": datetime.date.today().isoformat(), **_commit(),
+    result: dict[str, Any] = {"bench": "mask_eval", "date": datetime.date.today().isoformat(), **code_state(ROOT),
                               "policy": "MaskPolicy() defaults", "engine_revision": masker.revision,
                               "targets": {"recall_per_type": TARGET_RECALL, "false_positive_rate": TARGET_FP},
                               "sets": {}}

@@ -302,10 +302,10 @@ def test_rollouts_are_sampled_scored_exported_and_their_logprobs_recompute(lora_
 SWITCH_PROMPTS = [f"Write one word about the number {i}." for i in range(8)]
 
 
-def rollout_file(path, prompts, repeat: int = 1):
+def rollout_file(path, prompts, repeat: int = 1, prefix: str = ""):
     import orjson
 
-    path.write_bytes(b"\n".join(orjson.dumps({"id": f"p{i % len(prompts)}-{k}", "prompt": p})
+    path.write_bytes(b"\n".join(orjson.dumps({"id": f"{prefix}p{i % len(prompts)}-{k}", "prompt": p})
                                 for k in range(repeat) for i, p in enumerate(prompts)) + b"\n")
     return path
 
@@ -391,18 +391,29 @@ def switch_actor_under_load(lora_stack, prepared_model, tmp_path):
     # references: each revision's greedy samples while it alone is active
     ref_file = rollout_file(tmp_path / "ref.jsonl", SWITCH_PROMPTS)
     assert greedy_rollouts(data_dir, keys["plain"], ref_file, "ref-1").returncode == 0
-    # the switch, while a stream of rollouts runs
-    load_file = rollout_file(tmp_path / "load.jsonl", SWITCH_PROMPTS, repeat=5)
-    result: dict = {}
-    runner = threading.Thread(target=lambda: result.update(
-        proc=greedy_rollouts(data_dir, keys["plain"], load_file, "switch")))
+    # the switch, while a stream of rollouts runs: rounds of 40 requests until one round has started
+    # after act-2 went active (how long the barrier takes against one round varies from host to host)
+    switched = threading.Event()
+    rounds: list = []
+
+    def load() -> None:
+        for k in range(8):
+            after = switched.is_set()
+            file = rollout_file(tmp_path / f"load-{k}.jsonl", SWITCH_PROMPTS, repeat=5, prefix=f"r{k}-")
+            rounds.append(greedy_rollouts(data_dir, keys["plain"], file, "switch"))
+            if after:
+                return
+
+    runner = threading.Thread(target=load)
     runner.start()
     wait_rows(data_dir, "switch", 10, timeout=300)
     on2 = actor("activate", "act-2", "--replicas", "2", "--timeout", "120")
+    switched.set()
     assert on2.returncode == 0, on2.stderr
     runner.join(900)
-    load = last_json(result["proc"])
-    assert load["by_status"] == {"ok": 40}, load  # in-flight requests completed across the switch
+    assert not runner.is_alive() and rounds
+    for done in rounds:  # in-flight requests completed across the switch
+        assert last_json(done)["by_status"] == {"ok": 40}, done.stderr
     assert greedy_rollouts(data_dir, keys["plain"], ref_file, "ref-2").returncode == 0
 
     def by_prompt(rows):
@@ -413,7 +424,7 @@ def switch_actor_under_load(lora_stack, prepared_model, tmp_path):
     assert len(tag1) == 1 and len(tag2) == 1 and tag1 != tag2 and next(iter(tag2)).endswith("+actor@act-2")
     distinct = [p for p in ref1 if ref1[p][1][:3] != ref2[p][1][:3]]
     assert len(distinct) >= 6, "the two revisions must answer differently to tell them apart"
-    switch = wait_rows(data_dir, "switch", 80)
+    switch = wait_rows(data_dir, "switch", 80 * len(rounds))
     import orjson
 
     workers = {orjson.loads(r["batch_context"])["worker"] for r in switch}

@@ -21,6 +21,7 @@ from pipeline.registries.adapters import (
     AdapterRegistry,
     adapter_digest,
     incompatibility,
+    refuse_adapter,
     verified_snapshot,
 )
 from pipeline.runtime.codec import decode, encode
@@ -133,3 +134,18 @@ def test_admit_and_generate_refuse_an_adapter_the_tenant_may_not_use(adapter_dir
     assert out.evidence[0].decision == "refused" and out.evidence[0].labels == {"adapter": "support-lora"}
     out = asyncio.run(run(doc(tenant="acme", adapter="no-such-lora")))
     assert out.response.error_class == "adapter_unavailable"
+
+
+def test_a_caller_asking_for_an_adapter_route_had_not_learnt_yet_is_refused_not_served_by_the_base(adapter_dir):
+    # each stage follows registrations at its own pace: route, not yet knowing `support-lora`, routed
+    # the request with no adapter; admit (and generate) already know it and must not let the base
+    # model answer under the adapter's name
+    reg = AdapterRegistry([spec(adapter_dir)])
+    lagging = doc(model="support-lora").model_copy(update={"route": RouteSection(
+        decision="default", reason="t", model="small", adapter=None, policy_version="v")})
+    refused = refuse_adapter(lagging, reg)
+    assert refused is not None and refused[0] == "adapter_unavailable" and "not known to route yet" in refused[1]
+    other = lagging.model_copy(update={"tenant_id": "globex"})
+    assert refuse_adapter(other, reg)[0] == "adapter_forbidden"  # the tenant's own refusal comes first
+    plain = doc(model="gpt-4o-mini").model_copy(update={"route": lagging.route})
+    assert refuse_adapter(plain, reg) is None  # a model name that is no adapter is only a hint

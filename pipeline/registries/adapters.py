@@ -113,6 +113,18 @@ class AdapterRegistry:
 
 
 def refuse_adapter(doc, registry: AdapterRegistry) -> tuple[str, str] | None:
-    """admit's and generate's check of the adapter route picked: (error_class, reason) to refuse it."""
-    adapter = doc.route.adapter if doc.route is not None else None
-    return None if adapter is None else registry.refusal(doc.tenant_id, adapter)
+    """admit's and generate's check of the adapter route picked: (error_class, reason) to refuse it.
+
+    Each stage follows registrations on the control topic at its own pace. A caller that names an
+    adapter this stage knows, which route did not pick (route had not applied the registration
+    yet), is refused as unavailable rather than answered by the base model under the adapter's name."""
+    if doc.route is None:
+        return None
+    adapter = doc.route.adapter
+    if adapter is None:
+        asked = doc.body.model
+        if asked and asked in registry.specs:
+            return registry.refusal(doc.tenant_id, asked) or (
+                "adapter_unavailable", f"adapter {asked!r} is not known to route yet: retry shortly")
+        return None
+    return registry.refusal(doc.tenant_id, adapter)

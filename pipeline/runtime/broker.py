@@ -160,11 +160,11 @@ class EmbeddedBroker:
         log.close()
         try:
             await wait_ready(self.bootstrap, timeout_s, self.cluster_id)
-        except BrokerError:
+        except BrokerError as exc:
             code = self.proc.poll()
             self.stop()
-            if code is not None:
-                raise BrokerError(f"broker exited with {code} at start; see {self.log_path}") from None
+            if code is not None:  # ours gave up (e.g. the port was taken): keep what the wait found too
+                raise BrokerError(f"broker exited with {code} at start ({exc}); see {self.log_path}") from None
             raise
         return self
 

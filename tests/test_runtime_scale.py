@@ -53,7 +53,10 @@ async def test_three_workers_over_six_partitions_write_exactly_10000_rows(broker
 
 
 async def test_kill_9_of_a_worker_loses_no_request_and_no_evidence(broker, prefix, tmp_path):
-    stages = [{"name": "classify", "class": "tests.stages:Classify"}, {"name": "answer", "class": "tests.stages:Answer"}]
+    # answer sleeps 20 ms a record: the burst takes ~1.2 s of both answer workers, so the kill lands on
+    # work in flight (an instant answerer had finished all 2,000 before the kill on a fast host)
+    stages = [{"name": "classify", "class": "tests.stages:Classify"},
+              {"name": "answer", "class": "tests.stages:Sleep", "policy": {"sleep_ms": 20}}]
     s = settings_for(tmp_path, prefix, broker.bootstrap, stages)
     await create_topics(s)
     sink = Sink(s, tmp_path)

@@ -12,7 +12,7 @@ import pytest
 import pytest_asyncio
 
 from pipeline.engines.chat_engine import Sampling
-from pipeline.engines.model_prep import model_dir
+from pipeline.engines.model_prep import model_dir, prepare
 from pipeline.engines.vllm_engine import VllmEngine
 from tests.support.paths import ROOT
 
@@ -37,9 +37,10 @@ def prepare_at_once(data_dir: Path, n: int) -> list[dict]:
 def prepared(tmp_path_factory) -> dict:
     data_dir = tmp_path_factory.mktemp("models")
     together = prepare_at_once(data_dir, 2)
-    [later] = prepare_at_once(data_dir, 1)
+    later = prepare(data_dir)  # a later start, in this process: reuses it (the two above test the command)
     first = next((r for r in together if not r["reused"]), together[0])
-    return {**first, "together": together, "second": later, "data_dir": str(data_dir)}
+    return {**first, "together": together, "data_dir": str(data_dir),
+            "second": {"reused": later.reused, "model_sha256": later.model_sha256}}
 
 
 @pytest_asyncio.fixture(scope="session", loop_scope="session")

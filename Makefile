@@ -34,8 +34,9 @@ deploy-tools:
 	  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq docker-compose >/dev/null) \
 	  || echo "warning: could not install docker-compose; the compose validation test will say why" >&2; }
 
+# Two xdist workers: the host idles half of a one-worker run (tests/support/workers.py groups the tests).
 test: install deploy-tools
-	OMP_NUM_THREADS=1 $(PY) -m pytest -q -p no:cacheprovider --durations=40
+	OMP_NUM_THREADS=1 $(PY) -m pytest -q -p no:cacheprovider -n 2 --dist loadgroup --no-loadscope-reorder --durations=40
 
 # Markers come from tests/conftest.py (fixtures that need a broker, stack or model; its MARKED list);
 # in this lane a guard fails any test that still starts a broker, a stack, vLLM or a model.

@@ -20,7 +20,7 @@ import pytest_asyncio
 
 from pipeline.runtime.broker import EmbeddedBroker
 
-pytest_plugins = ["tests.support.fixtures"]  # the shared product stack
+pytest_plugins = ["tests.support.fixtures", "tests.support.workers"]  # the shared product stack; two workers
 
 # Every process we start (and this one) keeps torch/BLAS to one thread on 2 cores.
 os.environ.setdefault("OMP_NUM_THREADS", "1")
@@ -80,9 +80,14 @@ async def broker(tmp_path_factory: pytest.TempPathFactory) -> EmbeddedBroker:
 
 @pytest.fixture(scope="session")
 def prepared_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """SmolLM2 prepared once per session from the packaged GGUF (what `llmpipe models prepare` does)."""
+    """SmolLM2 prepared once per run from the packaged GGUF (what `llmpipe models prepare` does). The
+    xdist workers share one copy: prepare() serialises on a lock file and reuses a checksummed one."""
     from pipeline.engines.model_prep import prepare
 
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        shared = tmp_path_factory.getbasetemp().parent / "models"
+        shared.mkdir(exist_ok=True)
+        return Path(prepare(shared).path)
     return Path(prepare(tmp_path_factory.mktemp("models")).path)
 
 
@@ -125,6 +130,7 @@ def _loads_model(item: pytest.Item) -> bool:
     return any(MODEL_LOADER.search(_source(f)) for f in funcs if f is not None)
 
 
+@pytest.hookimpl(tryfirst=True)  # MARKED holds node ids as collected (xdist appends @group later)
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     for item in items:
         if INTEGRATION_FIXTURES & set(getattr(item, "fixturenames", ())):

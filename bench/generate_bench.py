@@ -149,7 +149,7 @@ def cli(*args: str, data_dir: Path, timeout: float, env: dict[str, str] | None =
 async def pipeline_mode(data_dir: Path, prompts: list[str], warmup: list[str], max_tokens: int,
                         stack_env: dict[str, str], idle_s: float, pin: bool) -> dict[str, Any]:
     from pipeline.contracts.request import ChatBody, ChatMessage
-    from pipeline.dev_key import read_dev_key
+    from pipeline.app.dev_key import read_dev_key
     from pipeline.ingress.client import Client
 
     log.print("(b) llmpipe up --detach --processes")

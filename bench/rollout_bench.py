@@ -92,7 +92,7 @@ async def pipeline_run(c, key: str, prompts: list[str], n: int, max_tokens: int,
 
 async def main_async(n_prompts: int, ns: list[int], max_tokens: int, repeat: int, pin: bool,
                      data_dir: Path) -> dict[str, Any]:
-    from pipeline.dev_key import read_dev_key
+    from pipeline.app.dev_key import read_dev_key
     from pipeline.ingress.client import Client
 
     prompts = prompts_for(TOPICS[:n_prompts])

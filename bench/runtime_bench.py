@@ -49,7 +49,7 @@ from pipeline.contracts.request import ChatBody, ChatMessage  # noqa: E402
 from pipeline.ingress.client import Client  # noqa: E402
 from pipeline.runtime.broker import EmbeddedBroker  # noqa: E402
 from pipeline.runtime.codec import encode, request_headers  # noqa: E402
-from pipeline.runtime.launch import stage_worker  # noqa: E402
+from pipeline.app.launch import stage_worker  # noqa: E402
 from pipeline.runtime.topics import TopicNames, apply_topics  # noqa: E402
 from pipeline.runtime.topology import Topology  # noqa: E402
 from pipeline.runtime.worker import StageWorker  # noqa: E402

@@ -189,7 +189,7 @@ def test_promote_and_demote_move_an_adapter_in_the_engine(lora_stack):
 def test_a_thumbs_down_on_an_adapter_answer_is_found_by_adapter_and_actor_and_exported(lora_stack, tmp_path):
     import httpx
 
-    from pipeline.rollouts import read_export
+    from pipeline.training.samples import read_export
 
     info, keys, data_dir, _ = lora_stack
     _, tokens, r = ask(info, keys["ta"], "Name a fruit.", "lora-a")
@@ -233,7 +233,7 @@ def test_rollouts_are_sampled_scored_exported_and_their_logprobs_recompute(lora_
     import torch
     from transformers import AutoModelForCausalLM
 
-    from pipeline.rollouts import dataset_revision_of, read_export
+    from pipeline.training.samples import dataset_revision_of, read_export
 
     info, keys, data_dir, _ = lora_stack
     prompts = tmp_path / "prompts.jsonl"
@@ -462,7 +462,7 @@ def switch_actor_under_load(lora_stack, prepared_model, tmp_path):
     out = tmp_path / "all.jsonl"
     assert llmpipe("rollouts", "export", "--tenant", "plain", "--format", "jsonl", "--out", str(out), "--include-rejected",
                    data_dir=data_dir).returncode == 0
-    from pipeline.rollouts import read_export
+    from pipeline.training.samples import read_export
 
     rows = read_export(out)
     assert sum(r["actor_weights"] == "act-2" for r in rows) >= 16

@@ -15,7 +15,7 @@ from pipeline.engines.chat_engine import chat_prompt_ids
 from pipeline.engines.tokenizer import load_chat_tokenizer
 from pipeline.ingress import Client
 from pipeline.runtime.codec import decode
-from pipeline.runtime.launch import stage_worker
+from pipeline.app.launch import stage_worker
 from pipeline.runtime.topics import TopicNames
 from pipeline.runtime.topology import Topology
 from tests.support.admit import body, burst, stack

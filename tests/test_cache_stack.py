@@ -15,7 +15,7 @@ from pipeline.contracts.request import ChatBody, ChatMessage
 from pipeline.engines.embedder import Embedder
 from pipeline.ingress import Client
 from pipeline.runtime.codec import decode, encode
-from pipeline.runtime.launch import stage_worker
+from pipeline.app.launch import stage_worker
 from pipeline.runtime.topics import TopicNames
 from pipeline.runtime.topology import Topology
 from pipeline.security.sealing import keyring_for

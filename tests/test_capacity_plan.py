@@ -7,7 +7,7 @@ import json
 import pytest
 from typer.testing import CliRunner
 
-from pipeline.capacity_plan import (
+from pipeline.analysis.capacity import (
     StageCost,
     costs_from_bench,
     costs_from_capacity,

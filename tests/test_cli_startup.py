@@ -19,7 +19,7 @@ from tests.support.paths import ROOT
 HEAVY = frozenset({"torch", "vllm", "transformers", "tokenizers", "sentence_transformers", "onnxruntime",
                    "presidio_analyzer", "spacy", "chdb", "qdrant_client", "numpy", "pandas", "pyarrow", "cv2", "PIL"})
 # a help page only describes the commands: no settings, contracts, broker client, web stack or stack
-NOT_FOR_HELP = HEAVY | {"pipeline.config", "pipeline.contracts", "pipeline.stack", "pipeline.stores",
+NOT_FOR_HELP = HEAVY | {"pipeline.config", "pipeline.contracts", "pipeline.app.stack", "pipeline.stores",
                         "pydantic_settings", "aiokafka", "fastapi", "httpx", "clickhouse_connect", "yaml", "orjson"}
 
 
@@ -52,7 +52,7 @@ def test_help_imports_only_the_cli(args):
 def test_status_imports_no_engine_model_or_warehouse(tmp_path):
     r, names = run_importtime("status", "--data-dir", str(tmp_path))
     assert r.returncode == 1 and f"error: no stack is running for {tmp_path}" in r.stderr, r.stderr[-2000:]
-    assert {"pipeline.stack", "pipeline.config.settings"} <= names, "status read its settings and the stack file"
+    assert {"pipeline.app.stack", "pipeline.config.settings"} <= names, "status read its settings and the stack file"
     loaded = among(names, HEAVY)
     assert not loaded, sorted(loaded)
 

@@ -8,7 +8,7 @@ import pytest
 
 from pipeline.contracts import WIRE_MODELS, Evidence, RequestDoc, Response
 from pipeline.contracts.jsonschema import render
-from pipeline.resources import schemas_dir
+from pipeline.contracts.resources import schemas_dir
 from pipeline.runtime.codec import decode
 from pipeline.runtime.errors import DecodeError
 from pipeline.runtime.topics import load_registry

@@ -57,7 +57,7 @@ def _stages() -> tuple[str, ...]:
 
 
 STAGES = _stages()
-FIRST_STAGE = STAGES[0]  # also consumes `requests` (pipeline.runtime.launch.stage_worker)
+FIRST_STAGE = STAGES[0]  # also consumes `requests` (pipeline.app.launch.stage_worker)
 WORKERS = STAGES + ("sink",)
 FRONTDOOR = "frontdoor"
 TOPICS_INIT = "topics-init"
@@ -659,7 +659,7 @@ def quantity(value) -> float:
 
 def k8s_problems(files: dict[str, list[dict]], kust: dict) -> list[str]:
     from pipeline.config.settings import Settings, SinkSettings
-    from pipeline.runtime.launch import group_id
+    from pipeline.app.launch import group_id
     from pipeline.runtime.topics import TopicNames
     from pipeline.stores.warehouse_sink import WarehouseSink
 

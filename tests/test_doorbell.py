@@ -17,7 +17,7 @@ from pipeline.ingress import Client
 from pipeline.runtime import doorbell
 from pipeline.runtime.codec import encode, request_headers
 from pipeline.runtime.doorbell import Bell, Ringer, default_dir, topic_dir
-from pipeline.runtime.launch import stage_worker
+from pipeline.app.launch import stage_worker
 from pipeline.runtime.topics import TopicNames
 from pipeline.runtime.topology import Topology
 from tests.support.kafka import create_topics, settings_for

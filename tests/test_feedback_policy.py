@@ -96,7 +96,7 @@ def test_the_cli_reads_the_value_as_the_metric_takes_it():
 
 
 def test_the_export_selector_reads_a_metric_and_a_bound():
-    from pipeline.rollouts import feedback_selector
+    from pipeline.training.samples import feedback_selector
 
     assert feedback_selector("rating>=4", S) == ("rating", ">=", 4.0)
     assert feedback_selector("rating <= -0.5", S) == ("rating", "<=", -0.5)

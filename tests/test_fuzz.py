@@ -31,7 +31,7 @@ from pipeline.contracts import DlqRecord, Response
 from pipeline.ingress.http import FrontDoor
 from pipeline.registries.tenants import key_hash, new_api_key
 from pipeline.runtime.codec import decode
-from pipeline.runtime.launch import stage_worker
+from pipeline.app.launch import stage_worker
 from pipeline.runtime.topics import TopicNames
 from pipeline.runtime.topology import Topology
 from tests.support.kafka import create_topics, read_topic, settings_for

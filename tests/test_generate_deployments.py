@@ -41,7 +41,7 @@ from pipeline.engines.vllm_server import VllmServer
 from pipeline.ingress import Client
 from pipeline.runtime.broker import free_port
 from pipeline.runtime.codec import decode
-from pipeline.runtime.launch import stage_worker
+from pipeline.app.launch import stage_worker
 from pipeline.runtime.topics import TopicNames
 from pipeline.runtime.topology import Topology
 from pipeline.stages.generate.stage import GenerateStage

@@ -1,7 +1,9 @@
 """The layout's import rules (docs/ARCHITECTURE.md, "Layout"), read from the source with ast.
 
-- `config`, `contracts` (and `resources`, which only locates bundled files) import nothing else
-  from `pipeline`;
+- every module lives in a package (no loose modules under `pipeline/`);
+- `config` and `contracts` import nothing else from `pipeline` (config may read contracts);
+- the top layer (`app`, the one assembly point; `analysis`; `training`; `demo`; `cli`) is imported
+  by nothing below it, and only the CLI imports the CLI;
 - `registries` import only `config` and `contracts`; `security` only those and `registries`;
 - `engines`, `stores`, `ingress` and `runtime` never import a stage (the runtime loads stages
   by name, through the topology);
@@ -14,15 +16,15 @@ import ast
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1] / "pipeline"
-LEAVES = {"config", "contracts", "resources"}
 ONLY = {  # package -> the packages it may import (itself always)
-    "config": {"contracts", "resources"},
-    "contracts": {"resources"},
-    "resources": set(),
-    "registries": {"config", "contracts", "resources"},
-    "security": {"config", "contracts", "resources", "registries"},
+    "config": {"contracts"},
+    "contracts": set(),
+    "registries": {"config", "contracts"},
+    "security": {"config", "contracts", "registries"},
 }
-NO_STAGES = {"engines", "stores", "ingress", "runtime", "registries", "security", "config", "contracts"}
+TOP = {"app", "analysis", "training", "demo", "cli"}
+NO_STAGES = {"engines", "stores", "ingress", "runtime", "registries", "security", "config", "contracts",
+             "analysis", "training", "demo"}
 ALLOWED_STAGE_EDGES = {
     ("postprocess", "cache"): "writes generated answers back to the cache, under the cache's policy",
     ("route", "cache"): "reuses the embedding the cache computed for the same text",
@@ -57,7 +59,9 @@ def violations(module: str, source: str) -> list[str]:
         t_top, t_stage = area(target)
         if t_top == top and (top != "stages" or t_stage == stage or t_stage is None):
             continue
-        if top in ONLY and t_top not in ONLY[top]:
+        if t_top in TOP and (top not in TOP or (t_top == "cli" and top != "cli")):
+            found.append(f"{module} imports {target}: {t_top} is above {top}; nothing below imports it")
+        elif top in ONLY and t_top not in ONLY[top]:
             found.append(f"{module} imports {target}: {top} may import only {sorted(ONLY[top]) or 'nothing'}")
         elif top in NO_STAGES and t_top == "stages":
             found.append(f"{module} imports {target}: {top} never imports a stage")
@@ -84,8 +88,24 @@ def test_the_rules_catch_a_wrong_import():
     assert violations("pipeline.ingress.http", "def f():\n    from pipeline.stages.tenants import X\n")
     assert violations("pipeline.runtime.topology", "from pipeline.stages.cache.stage import CacheStage")
     assert violations("pipeline.stages.cache.stage", "from pipeline.stages.generate.stage import GenerateStage")
+    assert violations("pipeline.stores.sql_gateway", "from pipeline.analysis.profiling import ProfileRun")
+    assert violations("pipeline.runtime.worker", "from pipeline.app.launch import stage_worker")
+    assert violations("pipeline.app.stack", "from pipeline.cli.common import console")
+    assert not violations("pipeline.cli.stack", "from pipeline.app.stack import run_stack")
     assert not violations("pipeline.stages.postprocess.stage", "from pipeline.stages.cache.policy import CachePolicy")
     assert not violations("pipeline.stages.cache.stage", "from pipeline.stages.cache.policy import CachePolicy")
+
+
+def test_every_module_lives_in_a_package():
+    loose = sorted(p.name for p in ROOT.glob("*.py") if p.name != "__init__.py")
+    assert not loose, f"modules outside a package (give each a package that names its concern): {loose}"
+
+
+def test_every_package_says_what_lives_there():
+    """A newcomer's walk: each package's __init__ docstring names its concern."""
+    bare = sorted(str(p.parent.relative_to(ROOT)) for p in ROOT.rglob("__init__.py")
+                  if "_bundled" not in p.parts and not ast.get_docstring(ast.parse(p.read_text())))
+    assert not bare, f"packages whose __init__.py has no docstring: {bare}"
 
 
 def test_no_module_is_over_500_lines():

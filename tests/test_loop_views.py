@@ -14,7 +14,7 @@ SCRIPT = r"""
 import json, sys
 from pipeline.config.feedback import FeedbackSettings
 from pipeline.contracts import Evidence, Feedback, Response
-from pipeline.rollouts import TenantScope, feedback_export_rows, feedback_selector
+from pipeline.training.samples import TenantScope, feedback_export_rows, feedback_selector
 from pipeline.stores import warehouse_rows as rows
 from pipeline.stores.sql_gateway import analyst_query
 from pipeline.stores.warehouse import Warehouse
@@ -95,7 +95,7 @@ EXPERIMENT_SCRIPT = r"""
 import json, random, sys
 from datetime import datetime, timezone
 from pipeline.contracts import Feedback, Response
-from pipeline.report import query_text
+from pipeline.analysis.report import query_text
 from pipeline.stages.route.experiments import Experiment, assign
 from pipeline.stores import warehouse_rows as rows
 from pipeline.stores.sql_gateway import analyst_query
@@ -160,7 +160,7 @@ def test_the_per_variant_feedback_query_matches_a_computation_from_the_raw_rows(
 RL_SCRIPT = r"""
 import json, sys
 from pipeline.contracts import Response, Rollout, RolloutConsumption, WeightEvent
-from pipeline.report import query_text
+from pipeline.analysis.report import query_text
 from pipeline.stores import warehouse_rows as rows
 from pipeline.stores.sql_gateway import analyst_query
 from pipeline.stores.warehouse import Warehouse

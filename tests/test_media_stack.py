@@ -15,7 +15,7 @@ from pipeline.contracts import Evidence
 from pipeline.contracts.request import ChatBody, ChatMessage
 from pipeline.ingress import Client
 from pipeline.runtime.codec import decode
-from pipeline.runtime.launch import stage_worker
+from pipeline.app.launch import stage_worker
 from pipeline.runtime.topics import TopicNames
 from pipeline.runtime.topology import Topology
 from pipeline.stores.blob_store import BlobError, LocalBlobStore

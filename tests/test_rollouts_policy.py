@@ -104,8 +104,8 @@ def test_rollout_rows_carry_provenance_and_the_actor_that_ran():
 
 def test_prompt_lines_become_rollout_requests(tmp_path):
     from pipeline.ingress.load import TrafficLine
-    from pipeline.rollouts import RolloutOptions
-    from pipeline.rollouts import rollout_doc as build
+    from pipeline.training.samples import RolloutOptions
+    from pipeline.training.samples import rollout_doc as build
 
     class FakeClient:  # only `build` is used: the real Client.build needs a running broker
         def build(self, *, body, timeout_s, api_key, rollout):
@@ -128,7 +128,7 @@ import sys
 from pipeline.stores.warehouse import Warehouse
 from pipeline.stores import warehouse_rows as rows
 from pipeline.contracts import Rollout
-from pipeline.rollouts import ALL_TENANTS, TenantScope, export_rows, write_export, read_export
+from pipeline.training.samples import ALL_TENANTS, TenantScope, export_rows, write_export, read_export
 from pathlib import Path
 w = Warehouse("chdb://" + sys.argv[1])
 w.migrate()
@@ -179,7 +179,7 @@ def test_training_view_groups_scores_and_round_trips_through_export(tmp_path):
 
 
 def test_a_prompt_files_revision_is_its_name_and_content_digest(tmp_path):
-    from pipeline.rollouts import dataset_revision_of
+    from pipeline.training.samples import dataset_revision_of
 
     f = tmp_path / "math.jsonl"
     f.write_text('{"prompt": "1+1?"}\n')

@@ -15,7 +15,7 @@ from aiokafka import AIOKafkaConsumer
 from pipeline.contracts import Evidence
 from pipeline.ingress import Client
 from pipeline.runtime.codec import decode
-from pipeline.runtime.launch import stage_worker
+from pipeline.app.launch import stage_worker
 from pipeline.runtime.topics import TopicNames, load_registry
 from pipeline.runtime.topology import Topology
 from tests.support.kafka import create_topics, publish, read_topic, settings_for

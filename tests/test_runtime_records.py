@@ -12,7 +12,7 @@ from aiokafka import AIOKafkaProducer
 from pipeline.contracts import DlqRecord, Evidence, Response
 from pipeline.ingress import Client
 from pipeline.runtime.codec import decode
-from pipeline.runtime.launch import stage_worker
+from pipeline.app.launch import stage_worker
 from pipeline.runtime.topics import TopicNames
 from pipeline.runtime.topology import Topology
 from tests.stages import Answer

@@ -19,7 +19,7 @@ from fastapi.testclient import TestClient
 from pydantic import SecretStr
 
 from pipeline.config.settings import SecretSettings, Settings
-from pipeline.report import SECTIONS, query_text
+from pipeline.analysis.report import SECTIONS, query_text
 from pipeline.stores.sql_gateway import (
     ALLOWED_SYSTEM_TABLES,
     ALLOWED_TABLE_FUNCTIONS,
@@ -215,7 +215,7 @@ def test_shipped_queries_pass_the_pre_check():
 
 
 def _shipped_queries() -> list[str]:
-    from pipeline.rollouts import EXPORT_SQL, FEEDBACK_EXPORT_SQL
+    from pipeline.training.samples import EXPORT_SQL, FEEDBACK_EXPORT_SQL
     from pipeline.stores.owners import _SQL as OWNER_SQL
 
     return [query_text(sec.name) for sec in SECTIONS] + [EXPORT_SQL, FEEDBACK_EXPORT_SQL, *OWNER_SQL.values()]

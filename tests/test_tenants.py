@@ -21,7 +21,7 @@ from pipeline.contracts.request import ChatBody, ChatMessage
 from pipeline.ingress import Client
 from pipeline.registries.tenants import TenantRegistry, key_hash, new_api_key
 from pipeline.runtime.codec import decode
-from pipeline.runtime.launch import stage_worker
+from pipeline.app.launch import stage_worker
 from pipeline.runtime.topics import TopicNames
 from pipeline.runtime.topology import Topology
 from pipeline.stages.mask.auth import authenticate

@@ -1,4 +1,4 @@
-"""RolloutStream (pipeline/training.py): staleness, group assembly and the commit point without a
+"""RolloutStream (pipeline/training/stream.py): staleness, group assembly and the commit point without a
 broker; then on the embedded broker, an actor switch, a trainer killed with kill -9 and restarted,
 and the consumption records in the warehouse's report."""
 
@@ -16,10 +16,10 @@ from aiokafka import TopicPartition
 
 from pipeline.contracts import Rollout
 from pipeline.contracts.actor import ActorActivated
-from pipeline.rollouts import TenantScope
+from pipeline.training.samples import TenantScope
 from pipeline.runtime.codec import encode
-from pipeline.training import OffsetBook, staleness, weights_revision
-from pipeline.training import RolloutStream as _RolloutStream
+from pipeline.training.stream import OffsetBook, staleness, weights_revision
+from pipeline.training.stream import RolloutStream as _RolloutStream
 from tests.support.kafka import create_topics, settings_for
 from tests.support.paths import ROOT
 from tests.support.procs import Sink
@@ -142,7 +142,7 @@ def test_a_complete_group_waits_behind_an_incomplete_one_of_its_partition():
 
 
 async def test_batches_are_acknowledged_in_the_order_they_were_yielded():
-    from pipeline.training import Batch
+    from pipeline.training.stream import Batch
 
     s = RolloutStream("unused:9092")
     s.consumer = s.producer = object()  # ack refuses before it touches either
@@ -185,7 +185,7 @@ async def _publish(bootstrap: str, topic: str, records: list, partition: int | N
 @pytest.mark.integration
 async def test_a_killed_trainer_repeats_and_loses_no_acknowledged_group_and_stale_ones_are_dropped(
         broker, prefix, tmp_path):
-    from pipeline.report import query_text
+    from pipeline.analysis.report import query_text
     from pipeline.runtime.topics import TopicNames
 
     s = settings_for(tmp_path, prefix, broker.bootstrap, [])

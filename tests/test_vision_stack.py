@@ -13,7 +13,7 @@ from pipeline.contracts.request import ChatBody, ChatMessage
 from pipeline.engines.mobilenet import MobileNetEncoder
 from pipeline.ingress import Client
 from pipeline.runtime.codec import decode
-from pipeline.runtime.launch import stage_worker
+from pipeline.app.launch import stage_worker
 from pipeline.runtime.topics import TopicNames
 from pipeline.runtime.topology import Topology
 from pipeline.stages.vision.describe import describe

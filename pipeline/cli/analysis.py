@@ -52,7 +52,7 @@ def sql(query: Annotated[Optional[str], typer.Argument(help="one read-only state
     if (query is None) == (file is None):
         raise CliError("give a query or --file, not both")
     if file is not None:
-        from pipeline.report import sql_from_file
+        from pipeline.analysis.report import sql_from_file
 
         query = sql_from_file(file)
     params = {}
@@ -92,8 +92,8 @@ def report(data_dir: DataDir = Path(".llmpipe"), config: ConfigFile = None, boot
     """The analyst report: stage latency and capacity with the bottleneck named, TTFT/TPOT/E2E, cache by
     domain, routes and cost, rejections, retries, models. Each section is a query in
     schemas/clickhouse/queries/ (rerun one with `llmpipe sql --file ... --param since=...`)."""
-    from pipeline.report import build_report
-    from pipeline.report_render import print_report, render_html
+    from pipeline.analysis.report import build_report
+    from pipeline.analysis.render import print_report, render_html
 
     s = _settings(data_dir, config, bootstrap)
     doc = build_report(_query_fn(s), parse_since(since))
@@ -129,7 +129,7 @@ def plan(rate: Annotated[float, typer.Option("--rate", help="requests per second
 
     from rich.table import Table
 
-    from pipeline.capacity_plan import plan as make_plan
+    from pipeline.analysis.capacity import plan as make_plan
 
     s = _settings(data_dir, config, bootstrap)
     costs, source = _plan_costs(s, bench, system, since)
@@ -161,8 +161,8 @@ def _plan_costs(s: Any, bench: Optional[Path], system: str, since: str) -> tuple
     """Measured cost per request per stage: a bench result, else the warehouse's stage_capacity query."""
     import json as jsonlib
 
-    from pipeline.capacity_plan import costs_from_bench, costs_from_capacity
-    from pipeline.report import query_text, run_query, since_param
+    from pipeline.analysis.capacity import costs_from_bench, costs_from_capacity
+    from pipeline.analysis.report import query_text, run_query, since_param
     from pipeline.runtime.topology import Topology
 
     registry = Topology(s).topic_registry()
@@ -304,8 +304,8 @@ def replay(topic: Annotated[str, typer.Option("--topic", help="registry name (e.
     import yaml
     from rich.table import Table
 
-    from pipeline.replay import RangeSpec, parse_bound, parse_offsets, parse_time_ms
-    from pipeline.replay import replay as run_replay
+    from pipeline.analysis.replay import RangeSpec, parse_bound, parse_offsets, parse_time_ms
+    from pipeline.analysis.replay import replay as run_replay
 
     if (from_offset is None) == (from_time is None):
         raise CliError("give exactly one of --from-offset and --from-time")
@@ -350,8 +350,9 @@ def profile(stage: Annotated[str, typer.Option("--stage", help="the engine stage
 
     from rich.table import Table
 
-    from pipeline.profiling import PROFILE_COLUMNS, profile_generate
-    from pipeline.stack import running_stack
+    from pipeline.analysis.profiling import profile_generate
+    from pipeline.contracts.profile import PROFILE_COLUMNS
+    from pipeline.app.stack import running_stack
     from pipeline.stores.warehouse import is_embedded, open_warehouse
 
     if stage != "generate":

@@ -42,9 +42,9 @@ class CliError(Exception):
 
 
 # (module, class) of the failures a command reports in one line
-KNOWN_ERRORS = (("pipeline.stack", "StackError"), ("pipeline.runtime.broker", "BrokerError"),
+KNOWN_ERRORS = (("pipeline.app.stack", "StackError"), ("pipeline.runtime.broker", "BrokerError"),
                 ("pipeline.runtime.errors", "TopologyError"), ("pipeline.stores.sql_gateway", "SqlError"),
-                ("pipeline.stores.warehouse", "WarehouseError"), ("pipeline.replay", "ReplayError"),
+                ("pipeline.stores.warehouse", "WarehouseError"), ("pipeline.analysis.replay", "ReplayError"),
                 ("pipeline.ingress.client", "ClientTimeout"), ("pydantic_core", "ValidationError"),
                 ("yaml", "YAMLError"))
 
@@ -98,7 +98,7 @@ def _settings(data_dir: Path, config: Path | None, bootstrap: str | None = None,
 
 def _stack_bootstrap(s: Settings) -> tuple[str, str]:
     """(bootstrap, topic prefix): explicit settings first, then the running embedded stack."""
-    from pipeline.stack import running_stack
+    from pipeline.app.stack import running_stack
 
     if s.bootstrap:
         return s.bootstrap, s.topic_prefix
@@ -111,7 +111,7 @@ def _stack_bootstrap(s: Settings) -> tuple[str, str]:
 def _stack_doorbell(s: Settings) -> Path | None:
     """The doorbell dir a client of this stack rings and dozes in: configured, else the running
     embedded stack's (runtime/doorbell.py); None talks to the broker without hints."""
-    from pipeline.stack import running_stack
+    from pipeline.app.stack import running_stack
 
     if s.doorbell_dir or s.bootstrap:
         return s.doorbell_dir
@@ -154,7 +154,7 @@ def _publish_control(bootstrap: str, prefix: str, records: list[tuple[str, Any]]
 
 def _query_fn(s: Settings) -> Callable[[str, dict[str, Any]], Any]:
     """Route SQL to the owner of the warehouse: the running stack's admin endpoint, or directly."""
-    from pipeline.stack import running_stack
+    from pipeline.app.stack import running_stack
     from pipeline.stores.sql_gateway import warehouse_query
 
     info = running_stack(s.resolved_data_dir())
@@ -189,7 +189,7 @@ def parse_duration_ms(text: str) -> int:
 def _caller_key(s: Settings, api_key: str | None, tenant: str | None = None) -> str | None:
     """--api-key, else the development key `llmpipe up` made in the data dir (not when a tenant is
     named: a trusted producer's request carries no key)."""
-    from pipeline.dev_key import read_dev_key
+    from pipeline.app.dev_key import read_dev_key
 
     return api_key if api_key or tenant else read_dev_key(s.resolved_data_dir())
 
@@ -199,11 +199,11 @@ def _local_signer(s: Settings) -> Callable[[Any], Any] | None:
     keyring door and mask share, so it signs a caller assertion like the door and the key stays
     off `requests`. A key it cannot place (issued on `control`) travels as before; mask checks
     either. None: another broker (--bootstrap), whose keyring this data dir may not have."""
-    from pipeline.dev_key import read_dev_key
+    from pipeline.app.dev_key import read_dev_key
     from pipeline.registries.tenants import Caller, TenantRegistry, key_hash, key_id
     from pipeline.security.caller_assertion import sign
     from pipeline.security.sealing import keyring_for
-    from pipeline.stack import running_stack
+    from pipeline.app.stack import running_stack
 
     if s.bootstrap or running_stack(s.resolved_data_dir()) is None:
         return None

@@ -33,11 +33,11 @@ def demo(data_dir: DataDir = Path(".llmpipe/demo"),
     """Start the embedded stack, send the bundled traffic through the front door, print the report, stop."""
     import time as _time
 
-    from pipeline.demo import read_demo_traffic
-    from pipeline.demo_images import DemoImageServer
-    from pipeline.report import build_report
-    from pipeline.report_render import render_html
-    from pipeline.stack import StackError, running_stack, stop_stack
+    from pipeline.demo.run import read_demo_traffic
+    from pipeline.demo.images import DemoImageServer
+    from pipeline.analysis.report import build_report
+    from pipeline.analysis.render import render_html
+    from pipeline.app.stack import StackError, running_stack, stop_stack
 
     d = data_dir.expanduser().resolve()
     if running_stack(d):
@@ -72,9 +72,9 @@ def _start_stack(d: Path, config: Path, images_port: int):
     them, and `llmpipe up --processes` on it in the background."""
     import yaml
 
-    from pipeline.demo import demo_config, demo_tenants
+    from pipeline.demo.run import demo_config, demo_tenants
     from pipeline.registries.tenants import new_api_key
-    from pipeline.stack import start_detached
+    from pipeline.app.stack import start_detached
 
     keys = {t: new_api_key() for t in demo_tenants(config)}
     cfg_file = d / "demo-config.yaml"
@@ -91,7 +91,7 @@ def _send(lines, http_url: str, keys: dict[str, str], images_url: str, rate: flo
 
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-    from pipeline.demo import send_traffic
+    from pipeline.demo.run import send_traffic
 
     with Progress(TextColumn("sending demo traffic"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                   console=out, disable=quiet) as progress:
@@ -114,8 +114,8 @@ def _wait_for_rows(query, expected: int, timeout_s: float) -> None:
 def _print_demo(doc, run, summary: dict, report_path: Path) -> None:
     from rich.table import Table
 
-    from pipeline.demo import MEANING, status_summary
-    from pipeline.report_render import print_report
+    from pipeline.demo.run import MEANING, status_summary
+    from pipeline.analysis.render import print_report
 
     print_report(doc, out)
     t = Table("traffic", "sent", "answers (HTTP status×count, codes)", "cache hits", "what it shows",

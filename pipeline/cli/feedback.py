@@ -55,7 +55,7 @@ def feedback(metric: Annotated[str, typer.Option("--metric", help="a metric decl
     import httpx
 
     from pipeline.contracts.feedback import Feedback
-    from pipeline.stack import running_stack
+    from pipeline.app.stack import running_stack
 
     s = _settings(data_dir, config, bootstrap)
     m = s.feedback.metric(metric)

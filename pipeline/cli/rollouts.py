@@ -33,7 +33,7 @@ AllTenants = Annotated[bool, typer.Option(
 
 def _scope(tenant: Optional[list[str]], all_tenants: bool):
     """Whose samples to read: required, so that no read takes every tenant's rows by default."""
-    from pipeline.rollouts import TenantScope
+    from pipeline.training.samples import TenantScope
 
     try:
         return TenantScope.of(tenant, all_tenants)
@@ -66,7 +66,7 @@ def rollouts_submit(file: Annotated[Path, typer.Option("--file", exists=True, di
                     data_dir: DataDir = Path(".llmpipe"), config: ConfigFile = None, bootstrap: Bootstrap = None,
                     json: Json = False) -> None:
     """Send every prompt as a `rollout` request; print what came back (samples, scores, actor revisions)."""
-    from pipeline.rollouts import RolloutOptions, SampleTally, dataset_revision_of, rollout_doc
+    from pipeline.training.samples import RolloutOptions, SampleTally, dataset_revision_of, rollout_doc
 
     args = {}
     for a in reward_arg or []:
@@ -109,7 +109,7 @@ def rollouts_export(out_file: Annotated[Path, typer.Option("--out", help="the fi
     """Write training-ready samples (the `training_samples` view: ids, logprobs, score, advantage),
     or with --from-feedback served answers with their feedback (the `training_candidates` view), of
     the tenants named with --tenant (or every tenant with --all-tenants)."""
-    from pipeline.rollouts import EXPORT_FORMATS, export_rows, feedback_export_rows, feedback_selector, write_export
+    from pipeline.training.samples import EXPORT_FORMATS, export_rows, feedback_export_rows, feedback_selector, write_export
 
     if format not in EXPORT_FORMATS:
         raise CliError(f"--format must be one of {', '.join(EXPORT_FORMATS)}")
@@ -153,7 +153,7 @@ def rollouts_follow(trainer: Annotated[str, typer.Option("--trainer", help="the 
 
     import orjson
 
-    from pipeline.training import RolloutStream
+    from pipeline.training.stream import RolloutStream
 
     if stale not in ("drop", "flag"):
         raise CliError("--stale must be drop or flag")

@@ -90,8 +90,8 @@ def up(data_dir: DataDir = Path(".llmpipe"), config: ConfigFile = None, bootstra
     """Start the embedded stack: broker, topics, warehouse sink, every configured stage."""
     import asyncio
 
-    from pipeline.dev_key import read_dev_key
-    from pipeline.stack import StackError, run_stack, running_stack, start_detached
+    from pipeline.app.dev_key import read_dev_key
+    from pipeline.app.stack import StackError, run_stack, running_stack, start_detached
 
     s = _settings(data_dir, config, bootstrap)
     if detach:
@@ -120,7 +120,7 @@ def up(data_dir: DataDir = Path(".llmpipe"), config: ConfigFile = None, bootstra
 
 def _announce_dev_key(s: Settings, key: str | None) -> None:
     """The development key, once; a foreground `up` writing to a file (a log) names only the file."""
-    from pipeline.dev_key import dev_key_path
+    from pipeline.app.dev_key import dev_key_path
 
     where = dev_key_path(s.resolved_data_dir())
     if key:
@@ -169,7 +169,7 @@ def serve(data_dir: DataDir = Path(".llmpipe"), config: ConfigFile = None, boots
 def down(data_dir: DataDir = Path(".llmpipe"), config: ConfigFile = None, bootstrap: Bootstrap = None,
          json: Json = False) -> None:
     """Stop the stack started by `llmpipe up --detach` (drains workers first)."""
-    from pipeline.stack import stop_stack
+    from pipeline.app.stack import stop_stack
 
     s = _settings(data_dir, config, bootstrap)
     info = stop_stack(s.resolved_data_dir())
@@ -193,10 +193,10 @@ def worker(stage: Annotated[str, typer.Argument(help="stage name from the topolo
     # OpenCV reads its pixel cap once, at import: set it before any stage can import cv2
     os.environ.setdefault("OPENCV_IO_MAX_IMAGE_PIXELS", str(MAX_IMAGE_PIXELS))
     from pipeline.runtime.broker_epoch import EPOCH_FILE, EpochWatch
-    from pipeline.runtime.launch import FEEDBACK_HOST, feedback_worker, run_until_signalled, sink_worker, stage_worker
+    from pipeline.app.launch import FEEDBACK_HOST, feedback_worker, run_until_signalled, sink_worker, stage_worker
     from pipeline.runtime.metrics import serve_metrics
     from pipeline.runtime.topology import Topology
-    from pipeline.stack_children import run_reported
+    from pipeline.app.children import run_reported
     from pipeline.stores.sql_gateway import AdminServer, admin_token_for
     from pipeline.stores.warehouse import open_warehouse
     from pipeline.stores.warehouse_sink import SINK_STAGE
@@ -253,7 +253,7 @@ def status(data_dir: DataDir = Path(".llmpipe"), config: ConfigFile = None, boot
     import orjson
     from rich.table import Table
 
-    from pipeline.stack import read_health, running_stack
+    from pipeline.app.stack import read_health, running_stack
 
     s = _settings(data_dir, config, bootstrap)
     info = running_stack(s.resolved_data_dir())

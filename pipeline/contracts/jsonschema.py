@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 
 from pipeline.contracts import WIRE_MODELS
-from pipeline.resources import schemas_dir
+from pipeline.contracts.resources import schemas_dir
 
 
 def render(name: str) -> str:

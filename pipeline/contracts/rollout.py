@@ -45,7 +45,7 @@ CONSUMPTION_SCHEMA = "rollout_consumption/v1"
 
 
 class RolloutConsumption(WireModel):
-    """One batch a trainer acknowledged (pipeline.training.RolloutStream): how old its samples were
+    """One batch a trainer acknowledged (pipeline.training.stream.RolloutStream): how old its samples were
     when consumed, how long the trainer waited for it and worked on it, and how stale it was."""
 
     schema_: Literal["rollout_consumption/v1"] = Field(CONSUMPTION_SCHEMA, alias="schema")

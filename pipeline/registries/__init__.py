@@ -1,0 +1,1 @@
+"""What the control topic teaches every worker: `tenants` (keys, ACLs, limits), `adapters` (LoRA\nregistrations), `actor` (the active actor revision), `metering` (usage per tenant)."""

@@ -9,7 +9,7 @@ import yaml
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.errors import TopicAlreadyExistsError
 
-from pipeline.resources import topics_file
+from pipeline.contracts.resources import topics_file
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,1 @@
+"""Cross-cutting protections: `caller_assertion` (signed principal claims), `sealing` (PII vault\nsealing), `stream_unmask` (un-masking streamed deltas without splitting a placeholder)."""

@@ -205,7 +205,7 @@ def admin_app(warehouse: Warehouse, token: str) -> FastAPI:
     @app.post("/profile_runs", dependencies=[Depends(authorised)])
     async def profile_runs(run: dict[str, Any]) -> dict[str, str]:
         """`llmpipe profile` records its run here while the sink process owns the chDB directory."""
-        from pipeline.profiling import PROFILE_COLUMNS, ProfileRun
+        from pipeline.contracts.profile import PROFILE_COLUMNS, ProfileRun
 
         try:
             row = ProfileRun.model_validate(run).row()

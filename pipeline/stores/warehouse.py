@@ -17,7 +17,7 @@ import clickhouse_connect
 from clickhouse_connect.driver.client import Client
 
 from pipeline.config.settings import Settings
-from pipeline.resources import clickhouse_migrations_dir
+from pipeline.contracts.resources import clickhouse_migrations_dir
 
 _MIGRATION = re.compile(r"^(\d{3})_[a-z0-9_]+\.sql$")
 # per-query settings of analysts' SQL (readonly=2 would still allow file() and url(): measured, chDB 26)

@@ -7,7 +7,7 @@ import asyncio
 
 from pipeline.contracts.request import ChatBody, ChatMessage
 from pipeline.ingress import Client
-from pipeline.runtime.launch import stage_worker
+from pipeline.app.launch import stage_worker
 from pipeline.runtime.topology import Topology
 from tests.support.kafka import create_topics, settings_for
 from tests.support.waits import wait_until

@@ -1,0 +1,1 @@
+"""Admit, the AI gateway: budgets, RPM/TPM/concurrency exact across replicas, queue-or-reject with\ndeadlines (`stage`, `state`, `policy`), idempotency keys (`idempotency`, `request_ids`)."""

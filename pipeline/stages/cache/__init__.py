@@ -1,0 +1,1 @@
+"""Cache lookup: reuse an answer only when meaning and boundaries match (`gate`, `semantic`,\n`verifier`, `lexicon`, `order`); `eval` and `calibration` fit and measure it offline."""

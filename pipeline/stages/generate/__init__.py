@@ -1,0 +1,1 @@
+"""Generate: vLLM and OpenAI-compatible deployments with fallback and breakers (`deployments`,\n`attempts`), streaming (`stream`), fair batching (`fair_gate`, `coalesce`), LoRA (`lora/`), RL\nrollouts (`rollouts/`), the actor revision (`actor`)."""

@@ -1,0 +1,1 @@
+"""Postprocess: un-mask where allowed, validate against the caller's schema (`schema`), write back\nto the cache, the terminal answer."""

@@ -1,0 +1,1 @@
+"""Route: model, adapter, tools, placement and experiment variant, with the reasons recorded\n(`policy`, `experiments`)."""

@@ -1,0 +1,1 @@
+"""Vision encode: tenant-scoped image features and a short description (`describe`)."""

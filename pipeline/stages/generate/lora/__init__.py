@@ -1,0 +1,1 @@
+"""Multi-LoRA: which adapters an engine holds (`residency`, `host`) and when a request's adapter is\nrefused (`refusal`)."""

@@ -1,0 +1,1 @@
+"""RL rollouts: n scored samples per prompt (`samples`), reward functions (`rewards`), and the\nhooks that tag each sample with the actor revision that made it (`hooks`)."""

@@ -10,7 +10,7 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from pipeline.report import SECTIONS, bottleneck_sentence
+from pipeline.analysis.report import SECTIONS, bottleneck_sentence
 
 # (section, label column, value column, unit) charted as horizontal bars
 CHARTS = [

@@ -27,19 +27,19 @@ from pathlib import Path
 import httpx
 
 from pipeline.config.settings import Settings
-from pipeline.dev_key import ensure_dev_tenant
+from pipeline.app.dev_key import ensure_dev_tenant
 from pipeline.ingress.http import FrontDoor, HttpServer
 from pipeline.runtime.broker import EmbeddedBroker, free_port, private_dir
 from pipeline.runtime.broker_epoch import EPOCH_FILE
 from pipeline.runtime.broker_keeper import BrokerKeeper, BrokerRestart
 from pipeline.runtime.doorbell import default_dir as default_doorbell_dir
-from pipeline.runtime.launch import FEEDBACK_HOST, feedback_worker, sink_worker, stage_worker, start_all
+from pipeline.app.launch import FEEDBACK_HOST, feedback_worker, sink_worker, stage_worker, start_all
 from pipeline.runtime.metrics import serve_metrics
 from pipeline.runtime.service import serve
 from pipeline.runtime.stack_events import publish_stack_event, stack_event
 from pipeline.runtime.topics import apply_topics, repair_topics
 from pipeline.runtime.topology import Topology
-from pipeline.stack_children import READY_TIMEOUT_S, STABLE_S, ChildWorkers, Restarts, StackError
+from pipeline.app.children import READY_TIMEOUT_S, STABLE_S, ChildWorkers, Restarts, StackError
 from pipeline.stores.owners import Owners
 from pipeline.stores.sql_gateway import AdminServer, admin_token_for, warehouse_query
 from pipeline.stores.warehouse import open_warehouse

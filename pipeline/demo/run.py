@@ -4,7 +4,7 @@ traffic showed, stop cleanly.
 
 Traffic lines are OpenAI chat bodies plus demo fields: `tenant` (the demo issues each tenant a key
 for this run), `idempotency_key`, `note` (what the line shows: its category before any `:`), and
-`{images}` in image URLs (the local image server, pipeline/demo_images.py)."""
+`{images}` in image URLs (the local image server, pipeline/demo/images.py)."""
 
 from __future__ import annotations
 

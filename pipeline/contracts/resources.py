@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-_PKG = Path(__file__).resolve().parent
+_PKG = Path(__file__).resolve().parents[1]  # pipeline/
 
 
 def _root(name: str) -> Path:

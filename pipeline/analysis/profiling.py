@@ -22,10 +22,8 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any
 
-from pydantic import BaseModel
-
+from pipeline.contracts.profile import ProfileRun
 from pipeline.engines.chat_engine import Sampling
 from pipeline.engines.hardware import hardware
 from pipeline.engines.provenance import runtime_versions
@@ -33,32 +31,6 @@ from pipeline.engines.provenance import runtime_versions
 PROMPTS = ["What is the capital of France?", "Write one sentence about the sea.", "List three fruits.",
            "How do I reset my password?", "영업시간이 어떻게 되나요?", "Explain what a cache is.",
            "Say hello in Spanish.", "Name a famous painter."]
-
-
-class ProfileRun(BaseModel):
-    """One `profile_runs` row (schemas/clickhouse/009_profile_runs.sql)."""
-
-    run_id: str
-    stage: str
-    started: datetime
-    seconds: float
-    warmup_s: float
-    model: str
-    model_revision: str
-    runtime: dict[str, str]
-    hardware: dict[str, str]
-    traffic: dict[str, float]
-    control: dict[str, float]
-    profiled: dict[str, float]
-    overhead_pct: float
-    trace_path: str
-    top_ops: list[tuple[str, float, int]]
-
-    def row(self) -> list[Any]:
-        return [getattr(self, c) for c in PROFILE_COLUMNS]
-
-
-PROFILE_COLUMNS = list(ProfileRun.model_fields)
 
 
 @dataclass

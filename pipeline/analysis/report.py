@@ -11,7 +11,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from pipeline.resources import clickhouse_migrations_dir
+from pipeline.contracts.resources import clickhouse_migrations_dir
 from pipeline.stores.sql_gateway import jsonable
 
 Query = Callable[[str, dict[str, Any]], Any]  # (sql, parameters) -> result with .columns and .rows

@@ -41,7 +41,7 @@ from pipeline.config.settings import KafkaSecurity, kafka_kwargs
 from pipeline.contracts import Rollout
 from pipeline.contracts.rollout import RolloutConsumption
 from pipeline.registries.actor import ActorBook
-from pipeline.rollouts import TenantScope
+from pipeline.training.samples import TenantScope
 from pipeline.runtime.codec import decode, encode
 from pipeline.runtime.errors import DecodeError
 from pipeline.runtime.follower import ControlFollower

@@ -65,7 +65,7 @@ log = Console(stderr=True)
 
 
 def free_port() -> int:
-    from pipeline.runtime.broker import free_port as fp
+    from pipeline.runtime.broker.embedded import free_port as fp
 
     return fp()
 

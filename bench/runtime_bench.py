@@ -47,7 +47,7 @@ from pipeline.contracts import ReplyTo, RequestDoc  # noqa: E402
 from pipeline.contracts.base import now_ms  # noqa: E402
 from pipeline.contracts.request import ChatBody, ChatMessage  # noqa: E402
 from pipeline.ingress.client import Client  # noqa: E402
-from pipeline.runtime.broker import EmbeddedBroker  # noqa: E402
+from pipeline.runtime.broker.embedded import EmbeddedBroker  # noqa: E402
 from pipeline.runtime.codec import encode, request_headers  # noqa: E402
 from pipeline.app.launch import stage_worker  # noqa: E402
 from pipeline.runtime.topics import TopicNames, apply_topics  # noqa: E402

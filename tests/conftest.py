@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 import pytest_asyncio
 
-from pipeline.runtime.broker import EmbeddedBroker
+from pipeline.runtime.broker.embedded import EmbeddedBroker
 
 pytest_plugins = ["tests.support.fixtures", "tests.support.workers"]  # the shared product stack; two workers
 

@@ -885,7 +885,7 @@ def exported_metric_names() -> set[str]:
     from prometheus_client import REGISTRY, CollectorRegistry
 
     import pipeline.ingress.http  # noqa: F401 - registers the front door's metrics on the default registry
-    from pipeline.runtime.metrics import StageMetrics
+    from pipeline.runtime.serve.metrics import StageMetrics
 
     reg = CollectorRegistry()
     m = StageMetrics("probe", reg)

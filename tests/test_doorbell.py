@@ -1,4 +1,4 @@
-"""Wake-up hints (runtime/doorbell.py): the bell itself, then a dozing worker on the real broker."""
+"""Wake-up hints (runtime/wakeup/doorbell.py): the bell itself, then a dozing worker on the real broker."""
 
 from __future__ import annotations
 
@@ -14,9 +14,9 @@ import pytest
 from aiokafka import AIOKafkaProducer
 
 from pipeline.ingress import Client
-from pipeline.runtime import doorbell
+from pipeline.runtime.wakeup import doorbell
 from pipeline.runtime.codec import encode, request_headers
-from pipeline.runtime.doorbell import Bell, Ringer, default_dir, topic_dir
+from pipeline.runtime.wakeup.doorbell import Bell, Ringer, default_dir, topic_dir
 from pipeline.app.launch import stage_worker
 from pipeline.runtime.topics import TopicNames
 from pipeline.runtime.topology import Topology
@@ -194,7 +194,7 @@ async def test_a_producer_that_does_not_ring_is_still_read_after_doze_max(broker
 async def test_a_control_follower_dozes_and_a_ringing_publish_wakes_it(broker, prefix, tmp_path, bell_dir):
     """`control` takes a write-back per answered miss: its followers doze like stage workers."""
     from pipeline.contracts import CacheInvalidate
-    from pipeline.runtime.follower import ControlFollower
+    from pipeline.runtime.follow.follower import ControlFollower
 
     await _belled(broker, prefix, tmp_path, bell_dir, 500)  # creates the topics
     topic = TopicNames(prefix)("control")
@@ -217,7 +217,7 @@ async def test_a_control_follower_dozes_and_a_ringing_publish_wakes_it(broker, p
 
 
 def test_aiokafka_still_has_the_fetch_completion_the_no_wait_protocol_wraps():
-    """runtime/bellpoll.py step 2 wraps this method on the fetcher instance; an aiokafka upgrade
+    """runtime/wakeup/bellpoll.py step 2 wraps this method on the fetcher instance; an aiokafka upgrade
     that renames it or changes its arguments must fail here, not silently poll."""
     import inspect
 
@@ -232,9 +232,9 @@ def test_aiokafka_still_has_the_fetch_completion_the_no_wait_protocol_wraps():
 @pytest.mark.integration
 @pytest.mark.asyncio(loop_scope="session")
 async def test_a_belled_worker_fetches_without_waiting_and_only_when_rung(broker, prefix, tmp_path, bell_dir):
-    """runtime/bellpoll.py: while idle a belled worker sends no fetches at all; each request costs
+    """runtime/wakeup/bellpoll.py: while idle a belled worker sends no fetches at all; each request costs
     the fetch that brings it and one empty fetch, both with the 1 ms wait."""
-    from pipeline.runtime.bellpoll import NOWAIT_FETCH_MS
+    from pipeline.runtime.wakeup.bellpoll import NOWAIT_FETCH_MS
 
     s = await _belled(broker, prefix, tmp_path, bell_dir, 60_000)
     async with stage_worker(s, Topology(s), "answer", broker.bootstrap) as w, \
@@ -274,7 +274,7 @@ async def test_without_a_bell_the_worker_polls_with_the_configured_wait(broker, 
 @pytest.mark.asyncio(loop_scope="session")
 async def test_a_paced_consumer_fetches_once_per_interval_while_idle(broker, prefix, tmp_path):
     """consumer.fetch_every_ms (the warehouse sink's setting): no bell, one fetch per interval."""
-    from pipeline.runtime.bellpoll import PacedBell
+    from pipeline.runtime.wakeup.bellpoll import PacedBell
 
     s = settings_for(tmp_path, prefix, broker.bootstrap, [{"name": "answer", "class": "tests.stages:Answer"}])
     s = s.model_copy(update={"consumer": s.consumer.model_copy(update={"doorbell": False, "fetch_every_ms": 400})})
@@ -309,12 +309,12 @@ async def _long_partition(broker, prefix, tmp_path, batches: int) -> tuple[str, 
 @pytest.mark.asyncio(loop_scope="session")
 async def test_a_no_wait_consumer_behind_its_high_watermark_chases_instead_of_dozing(broker, prefix, tmp_path,
                                                                                      bell_dir, caplog):
-    """runtime/bellpoll.py step 2a: on a long partition a 1 ms fetch comes back empty though
+    """runtime/wakeup/bellpoll.py step 2a: on a long partition a 1 ms fetch comes back empty though
     records are there (the 80 req/s stall); the consumer must read them all without a ring, and a
     completion hook that fails must not end aiokafka's fetch routine."""
     from aiokafka import AIOKafkaConsumer, TopicPartition
 
-    from pipeline.runtime.bellpoll import NOWAIT_FETCH_MS, BellPoller
+    from pipeline.runtime.wakeup.bellpoll import NOWAIT_FETCH_MS, BellPoller
 
     n = 3000
     topic, producer = await _long_partition(broker, prefix, tmp_path, n)
@@ -427,7 +427,7 @@ async def test_the_ringer_rings_and_unlinks_only_sockets_of_its_own_user(bell_di
 
 @pytest.mark.asyncio(loop_scope="session")
 async def test_a_broker_that_is_not_ours_on_our_port_is_refused(tmp_path):
-    from pipeline.runtime.broker import BrokerError, EmbeddedBroker
+    from pipeline.runtime.broker.embedded import BrokerError, EmbeddedBroker
 
     other = await EmbeddedBroker(tmp_path / "other").start()  # took the port while ours was down
     ours = EmbeddedBroker(tmp_path / "ours", port=other.port)
@@ -442,7 +442,7 @@ async def test_a_broker_that_is_not_ours_on_our_port_is_refused(tmp_path):
 def test_the_broker_binary_is_checked_by_digest_and_its_data_dir_kept_private(tmp_path):
     import hashlib
 
-    from pipeline.runtime import broker
+    from pipeline.runtime.broker import embedded as broker
 
     def digest(path: Path) -> str:
         return hashlib.sha256(path.read_bytes()).hexdigest()

@@ -19,7 +19,7 @@ import pytest
 
 from pipeline.ingress.http import GRACE_S
 from pipeline.registries.tenants import key_hash, new_api_key
-from pipeline.runtime.broker import EmbeddedBroker
+from pipeline.runtime.broker.embedded import EmbeddedBroker
 from tests.support.cli import last_json, llmpipe, running
 from tests.support.waits import poll
 

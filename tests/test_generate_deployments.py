@@ -39,7 +39,7 @@ from pipeline.engines.model_prep import MODEL_NAME
 from pipeline.engines.openai_engine import OpenAIEngine
 from pipeline.engines.vllm_server import VllmServer
 from pipeline.ingress import Client
-from pipeline.runtime.broker import free_port
+from pipeline.runtime.broker.embedded import free_port
 from pipeline.runtime.codec import decode
 from pipeline.app.launch import stage_worker
 from pipeline.runtime.topics import TopicNames

@@ -147,7 +147,7 @@ async def test_broker_watch_asks_for_its_own_topics_and_never_creates_one(broker
     per process on the stack); a missing topic reads as down and is not auto-created by asking."""
     from aiokafka import AIOKafkaProducer
 
-    from pipeline.runtime.broker_watch import BrokerWatch
+    from pipeline.runtime.broker.watch import BrokerWatch
 
     settings = settings_for(tmp_path, prefix, broker.bootstrap, [{"name": "echo"}])
     await create_topics(settings)

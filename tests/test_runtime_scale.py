@@ -13,7 +13,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from pipeline.contracts import Evidence
 from pipeline.ingress import Client
-from pipeline.runtime.broker import free_port
+from pipeline.runtime.broker.embedded import free_port
 from pipeline.runtime.codec import decode
 from pipeline.runtime.topics import TopicNames
 from tests.support.kafka import create_topics, publish, read_until_quiet, settings_for

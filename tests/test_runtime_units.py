@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+
 import pytest
 from aiokafka import TopicPartition
 from prometheus_client import CollectorRegistry
@@ -9,7 +11,7 @@ from prometheus_client import CollectorRegistry
 from pipeline.config.settings import RuntimeSettings, Settings, StageSpec
 from pipeline.contracts import RequestDoc
 from pipeline.runtime.flow import BoundedQueue
-from pipeline.runtime.metrics import StageMetrics
+from pipeline.runtime.serve.metrics import StageMetrics
 from pipeline.runtime.offsets import OffsetTracker
 from pipeline.runtime.topology import Topology
 
@@ -63,7 +65,7 @@ async def test_a_poll_loop_always_stops_when_cancelled():
     import asyncio
     import random
 
-    from pipeline.runtime.polling import guarded_getmany
+    from pipeline.runtime.wakeup.polling import guarded_getmany
 
     class Instant:
         async def getmany(self, **_: object) -> dict:
@@ -122,7 +124,7 @@ def test_keys_follow_the_registry_rule():
 def test_fetch_pacer_slows_idle_consumers_and_speeds_up_on_the_next_record():
     from types import SimpleNamespace
 
-    from pipeline.runtime.polling import FetchPacer
+    from pipeline.runtime.wakeup.polling import FetchPacer
 
     fetcher = SimpleNamespace(_fetch_max_wait_ms=5)
     p = FetchPacer(SimpleNamespace(_fetcher=fetcher), fast_ms=5, idle_wait_ms=50, idle_after_ms=1000)
@@ -164,7 +166,7 @@ def test_the_http_server_turns_nagle_off_for_every_connection():
     and the caller). Accepted sockets inherit TCP_NODELAY from the listening one on Linux."""
     import socket
 
-    from pipeline.runtime.asgi import AsgiServer
+    from pipeline.runtime.serve.asgi import AsgiServer
 
     srv = AsgiServer(lambda scope, receive, send: None)
     try:
@@ -176,3 +178,33 @@ def test_the_http_server_turns_nagle_off_for_every_connection():
                 assert conn.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY) == 1
     finally:
         srv.sock.close()
+
+
+async def test_a_background_task_launches_once_and_cancel_is_idempotent():
+    """The one start/stop block the broker watch, keeper, epoch watch, cancel watch and control
+    follower share: a second launch does not start a second loop; cancel waits until the loop ended,
+    a second cancel (or one before any launch) is a no-op."""
+    from pipeline.runtime.service import BackgroundTask
+
+    started, ended = [], []
+
+    async def loop() -> None:
+        started.append(1)
+        try:
+            await asyncio.sleep(3600)
+        finally:
+            ended.append(1)
+
+    task = BackgroundTask("t")
+    await task.cancel()  # before any launch
+    task.launch(loop)
+    task.launch(loop)
+    await asyncio.sleep(0)
+    assert started == [1]
+    await task.cancel()
+    assert ended == [1]  # ended before cancel() returned
+    await task.cancel()
+    task.launch(loop)  # a stopped part may start again
+    await asyncio.sleep(0)
+    assert started == [1, 1]
+    await task.cancel()

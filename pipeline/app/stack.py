@@ -29,12 +29,12 @@ import httpx
 from pipeline.config.settings import Settings
 from pipeline.app.dev_key import ensure_dev_tenant
 from pipeline.ingress.http import FrontDoor, HttpServer
-from pipeline.runtime.broker import EmbeddedBroker, free_port, private_dir
-from pipeline.runtime.broker_epoch import EPOCH_FILE
-from pipeline.runtime.broker_keeper import BrokerKeeper, BrokerRestart
-from pipeline.runtime.doorbell import default_dir as default_doorbell_dir
+from pipeline.runtime.broker.embedded import EmbeddedBroker, free_port, private_dir
+from pipeline.runtime.broker.epoch import EPOCH_FILE
+from pipeline.runtime.broker.keeper import BrokerKeeper, BrokerRestart
+from pipeline.runtime.wakeup.doorbell import default_dir as default_doorbell_dir
 from pipeline.app.launch import FEEDBACK_HOST, feedback_worker, sink_worker, stage_worker, start_all
-from pipeline.runtime.metrics import serve_metrics
+from pipeline.runtime.serve.metrics import serve_metrics
 from pipeline.runtime.service import serve
 from pipeline.runtime.stack_events import publish_stack_event, stack_event
 from pipeline.runtime.topics import apply_topics, repair_topics
@@ -106,7 +106,7 @@ async def run_stack(settings: Settings, processes: bool = False,
 
     1. Refuse a second stack on the data dir, and a topology with a stage that does not load.
        With the embedded broker, give every process of the stack one doorbell dir
-       (runtime/doorbell.py), unless one is configured or `consumer.doorbell` is off.
+       (runtime/wakeup/doorbell.py), unless one is configured or `consumer.doorbell` is off.
     2. Start the broker (embedded unless `bootstrap` names one), apply the topics, ensure the dev tenant.
     3. Start the stages: one child process per group (`processes`), or workers in this loop with
        the sink and the admin endpoint.
@@ -116,7 +116,7 @@ async def run_stack(settings: Settings, processes: bool = False,
     """
     data_dir = settings.resolved_data_dir()
     data_dir.mkdir(mode=0o700, parents=True, exist_ok=True)  # keys, evidence, blobs: the owner's alone
-    private_dir(data_dir)  # an existing one too: ours, and nobody else may write it (runtime/broker.py)
+    private_dir(data_dir)  # an existing one too: ours, and nobody else may write it (runtime/broker/embedded.py)
     if running_stack(data_dir):
         raise StackError(f"a stack is already running for {data_dir} (llmpipe down first)")
     stop = asyncio.Event()

@@ -38,7 +38,7 @@ def _book(boot: str, prefix: str, s: Settings) -> ActorBook:
     import asyncio
 
     from pipeline.registries.actor import ActorBook
-    from pipeline.runtime.follower import ControlFollower
+    from pipeline.runtime.follow.follower import ControlFollower
     from pipeline.runtime.topics import TopicNames
 
     book = ActorBook()

@@ -162,7 +162,7 @@ def _adapter_registry(s: Settings):
     import asyncio
 
     from pipeline.registries.adapters import AdapterRegistry
-    from pipeline.runtime.follower import ControlFollower
+    from pipeline.runtime.follow.follower import ControlFollower
     from pipeline.runtime.topics import TopicNames
 
     registry = AdapterRegistry(s.adapters)

@@ -42,7 +42,7 @@ class CliError(Exception):
 
 
 # (module, class) of the failures a command reports in one line
-KNOWN_ERRORS = (("pipeline.app.stack", "StackError"), ("pipeline.runtime.broker", "BrokerError"),
+KNOWN_ERRORS = (("pipeline.app.stack", "StackError"), ("pipeline.runtime.broker.embedded", "BrokerError"),
                 ("pipeline.runtime.errors", "TopologyError"), ("pipeline.stores.sql_gateway", "SqlError"),
                 ("pipeline.stores.warehouse", "WarehouseError"), ("pipeline.analysis.replay", "ReplayError"),
                 ("pipeline.ingress.client", "ClientTimeout"), ("pydantic_core", "ValidationError"),
@@ -110,7 +110,7 @@ def _stack_bootstrap(s: Settings) -> tuple[str, str]:
 
 def _stack_doorbell(s: Settings) -> Path | None:
     """The doorbell dir a client of this stack rings and dozes in: configured, else the running
-    embedded stack's (runtime/doorbell.py); None talks to the broker without hints."""
+    embedded stack's (runtime/wakeup/doorbell.py); None talks to the broker without hints."""
     from pipeline.app.stack import running_stack
 
     if s.doorbell_dir or s.bootstrap:
@@ -130,11 +130,11 @@ def _publish_control(bootstrap: str, prefix: str, records: list[tuple[str, Any]]
                      settings: Settings | None = None) -> None:
     """Publish (key, record) pairs on `control` (or another registry topic), in order, acknowledged.
     With the stack's doorbell each send rings the followers, so the change applies at once rather
-    than at their next doze timeout (up to a second; runtime/follower.py)."""
+    than at their next doze timeout (up to a second; runtime/follow/follower.py)."""
     import asyncio
 
     from pipeline.runtime.codec import encode
-    from pipeline.runtime.doorbell import producer_class
+    from pipeline.runtime.wakeup.doorbell import producer_class
     from pipeline.runtime.topics import TopicNames
 
     kwargs = settings.kafka.client_kwargs() if settings is not None else {}

@@ -38,7 +38,7 @@ def broker(data_dir: DataDir = Path(".llmpipe"), config: ConfigFile = None, boot
     """Run the embedded Kafka-protocol broker (Tansu) in the foreground until Ctrl-C."""
     import asyncio
 
-    from pipeline.runtime.broker import EmbeddedBroker
+    from pipeline.runtime.broker.embedded import EmbeddedBroker
 
     s = _settings(data_dir, config, bootstrap)
 
@@ -140,7 +140,7 @@ def serve(data_dir: DataDir = Path(".llmpipe"), config: ConfigFile = None, boots
     import signal
 
     from pipeline.ingress.http import FrontDoor, HttpServer
-    from pipeline.runtime.metrics import serve_metrics
+    from pipeline.runtime.serve.metrics import serve_metrics
 
     s = _settings(data_dir, config, bootstrap)
     boot, prefix = _stack_bootstrap(s)
@@ -192,9 +192,9 @@ def worker(stage: Annotated[str, typer.Argument(help="stage name from the topolo
 
     # OpenCV reads its pixel cap once, at import: set it before any stage can import cv2
     os.environ.setdefault("OPENCV_IO_MAX_IMAGE_PIXELS", str(MAX_IMAGE_PIXELS))
-    from pipeline.runtime.broker_epoch import EPOCH_FILE, EpochWatch
+    from pipeline.runtime.broker.epoch import EPOCH_FILE, EpochWatch
     from pipeline.app.launch import FEEDBACK_HOST, feedback_worker, run_until_signalled, sink_worker, stage_worker
-    from pipeline.runtime.metrics import serve_metrics
+    from pipeline.runtime.serve.metrics import serve_metrics
     from pipeline.runtime.topology import Topology
     from pipeline.app.children import run_reported
     from pipeline.stores.sql_gateway import AdminServer, admin_token_for

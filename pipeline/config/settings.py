@@ -47,8 +47,8 @@ class ConsumerSettings(BaseModel):
     # after an idle spell waits up to idle_fetch_max_wait_ms. Equal to fetch_max_wait_ms: off.
     idle_fetch_max_wait_ms: int = Field(50, ge=1)
     idle_after_ms: int = Field(1000, ge=0)
-    # With a `doorbell_dir` (runtime/doorbell.py) a consumer fetches without waiting, and one that
-    # found nothing waits for a producer to ring it, at most doze_max_ms (runtime/bellpoll.py).
+    # With a `doorbell_dir` (runtime/wakeup/doorbell.py) a consumer fetches without waiting, and one that
+    # found nothing waits for a producer to ring it, at most doze_max_ms (runtime/wakeup/bellpoll.py).
     doorbell: bool = Field(True, description="use the doorbell when the process has a doorbell_dir")
     doze_max_ms: int = Field(200, ge=1)
     # Without a doorbell: fetch at most once per this many ms while nothing comes (the warehouse
@@ -261,7 +261,7 @@ class Settings(BaseSettings):
     qdrant_api_key: SecretStr | None = Field(None, description="the Qdrant server's API key")
     broker_port: int = 0
     doorbell_dir: Path | None = Field(None, description="wake-up hints between the processes of one host "
-                                                        "(runtime/doorbell.py); for a broker that never wakes a "
+                                                        "(runtime/wakeup/doorbell.py); for a broker that never wakes a "
                                                         "waiting fetch, like the embedded one. `llmpipe up` on "
                                                         "the embedded broker chooses one unless this is set or "
                                                         "consumer.doorbell is off")

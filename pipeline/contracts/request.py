@@ -311,7 +311,7 @@ class RequestDoc(WireModel):
     traceparent: str | None = None
     cancel_digest: str | None = Field(None, pattern=r"^[0-9a-f]{64}$", description="SHA-256 (hex) of the secret a "
                                       "`cancel` record must carry to withdraw this request: only its sender knows "
-                                      "it (runtime/cancels.py); none: no record can cancel it")
+                                      "it (runtime/follow/cancels.py); none: no record can cancel it")
     origin: str | None = Field(None, description="`<partition>:<offset>` of the `requests` record it entered by, "
                                                  "set by the runtime (a producer's value is replaced): admit tells a "
                                                  "redelivered copy of a request from a replayed one by it")

@@ -21,7 +21,7 @@ import orjson
 import yaml
 
 from pipeline.registries.tenants import key_hash
-from pipeline.runtime.metrics import percentile
+from pipeline.runtime.serve.metrics import percentile
 
 # what each traffic category demonstrates, for the closing table
 MEANING = {

@@ -18,7 +18,7 @@ import httpx
 from pipeline.engines.hardware import engine_dtype
 from pipeline.engines.model_prep import MODEL_NAME
 from pipeline.engines.vllm_engine import configure_cpu_env
-from pipeline.runtime.broker import free_port
+from pipeline.runtime.broker.embedded import free_port
 
 
 class VllmServer:

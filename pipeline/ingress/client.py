@@ -14,7 +14,7 @@ dropped and counted (`client.foreign`). An answer with no tenant is taken only w
 such a sender can do is end the request early with an error, never show it text. A request sent
 with no tenant (a Kafka producer known by its key alone, or auth off) takes any tenant's.
 
-Cancelling needs the request's cancel secret (runtime/cancels.py): `build` puts the digest of one
+Cancelling needs the request's cancel secret (runtime/follow/cancels.py): `build` puts the digest of one
 derived from this client's own random key in the request, and `cancel` sends the secret.
 
 Streaming: `async for event in client.stream(doc)` yields the answer's pieces as generate sends
@@ -47,11 +47,11 @@ from pipeline.contracts import Cancel, Delta, Feedback, ReplyTo, RequestDoc, Res
 from pipeline.contracts.base import now_ms
 from pipeline.contracts.request import ChatBody, ChatMessage
 from pipeline.ingress.stream_follow import Ended, Piece, StreamFollower, readable
-from pipeline.runtime.bellpoll import BellPoller
-from pipeline.runtime.broker_epoch import rewind_on_restart
-from pipeline.runtime.cancels import digest as cancel_digest
+from pipeline.runtime.wakeup.bellpoll import BellPoller
+from pipeline.runtime.broker.epoch import rewind_on_restart
+from pipeline.runtime.follow.cancels import digest as cancel_digest
 from pipeline.runtime.codec import decode, encode, request_headers
-from pipeline.runtime.doorbell import Bell, producer_class
+from pipeline.runtime.wakeup.doorbell import Bell, producer_class
 from pipeline.runtime.errors import DecodeError
 from pipeline.runtime.topics import TopicNames
 from pipeline.security.sealing import Keyring
@@ -90,7 +90,7 @@ class Client:
         doorbell_dir: Path | None = None,
     ) -> None:
         self.bootstrap = bootstrap
-        self.doorbell_dir = doorbell_dir  # rings the first stage; dozes between answers (runtime/doorbell.py)
+        self.doorbell_dir = doorbell_dir  # rings the first stage; dozes between answers (runtime/wakeup/doorbell.py)
         self._bell: Bell | None = None
         self.kafka = kafka_kwargs(security)
         self.names = TopicNames(topic_prefix)
@@ -296,7 +296,7 @@ class Client:
 
     async def cancel(self, request_id: str, reason: str = "caller", secret: str | None = None) -> None:
         """Withdraw a request: the worker generating it stops, a stage it has not reached skips it,
-        and its terminal answer is `cancelled` (runtime/cancels.py). `secret`: the request's cancel
+        and its terminal answer is `cancelled` (runtime/follow/cancels.py). `secret`: the request's cancel
         secret when another client sent it (by default this client's own)."""
         assert self.producer is not None, "start() the client first"
         c = Cancel(request_id=request_id, reason=reason, secret=secret or self.cancel_secret(request_id))

@@ -46,10 +46,10 @@ from pipeline.ingress.sse import SseReply, stream_evidence
 from pipeline.ingress.stream_follow import Ended, Piece
 from pipeline.registries.metering import TenantMeter, feedback_cost, feedback_rate, prompt_size_refusal, request_rate
 from pipeline.registries.tenants import Caller, TenantRegistry
-from pipeline.runtime.asgi import AsgiServer
-from pipeline.runtime.broker_watch import BrokerWatch
+from pipeline.runtime.serve.asgi import AsgiServer
+from pipeline.runtime.broker.watch import BrokerWatch
 from pipeline.runtime.codec import describe_validation_error
-from pipeline.runtime.follower import ControlFollower
+from pipeline.runtime.follow.follower import ControlFollower
 from pipeline.runtime.topics import TopicNames
 from pipeline.security.caller_assertion import sign as sign_assertion
 from pipeline.security.sealing import Keyring, keyring_for

@@ -17,7 +17,7 @@ from pipeline.contracts import RequestDoc, Response
 from pipeline.ingress.client import Client, ClientTimeout
 from pipeline.ingress.openai_body import BodyError, chat_body
 from pipeline.runtime.codec import describe_validation_error
-from pipeline.runtime.metrics import percentile
+from pipeline.runtime.serve.metrics import percentile
 
 
 @dataclass

@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 from typing import Generic, TypeVar
 
-from pipeline.runtime.metrics import StageMetrics
+from pipeline.runtime.serve.metrics import StageMetrics
 
 T = TypeVar("T")
 

@@ -16,7 +16,7 @@ from aiokafka import AIOKafkaProducer
 from pipeline.config.settings import Settings, kafka_kwargs
 from pipeline.contracts import ReplyTo
 from pipeline.runtime.codec import Headers
-from pipeline.runtime.doorbell import producer_class
+from pipeline.runtime.wakeup.doorbell import producer_class
 
 
 def make_producer(settings: Settings, bootstrap: str) -> AIOKafkaProducer:

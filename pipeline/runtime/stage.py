@@ -107,7 +107,7 @@ class Stage:
         self.ctx = ctx
         self.name = ctx.name
         self.follower: Any = None  # a ControlFollower once follow_control() ran
-        # set by the worker's handler before start(): the withdrawn requests (runtime/cancels.py) and
+        # set by the worker's handler before start(): the withdrawn requests (runtime/follow/cancels.py) and
         # the worker's producer, for records a stage sends while it works (generate's deltas)
         self.cancels: Any = None
         self.producer: Any = None
@@ -133,7 +133,7 @@ class Stage:
         """Replay the whole `control` topic into `apply`, then keep applying it (tenants, cache
         entries, breaker states); returns once caught up. Without a broker (unit use) it does nothing."""
         if self.ctx.bootstrap:
-            from pipeline.runtime.follower import ControlFollower
+            from pipeline.runtime.follow.follower import ControlFollower
             from pipeline.runtime.topics import TopicNames
 
             topic = TopicNames(self.ctx.topic_prefix)("control")

@@ -7,7 +7,7 @@
    ever goes where an unchecked reply_to points.
 2. Deadline: past `deadline_ms`, the record is not processed; it is answered
    `deadline_exceeded` with an evidence row. (Replays re-decide regardless of deadlines.)
-   Cancelled: a request its caller withdrew (a `cancel` record, runtime/cancels.py) is answered
+   Cancelled: a request its caller withdrew (a `cancel` record, runtime/follow/cancels.py) is answered
    `cancelled` with an evidence row instead of being processed.
 3. Process the batch through the stage; failures are retried up to `max_attempts` with
    backoff (PermanentError: not retried), then DLQ + `error` answer + evidence.
@@ -39,12 +39,12 @@ from pipeline.contracts import Cancel, Evidence, ReplyTo, RequestDoc, Response, 
 from pipeline.contracts.admit import release_for
 from pipeline.contracts.base import now_ms
 from pipeline.contracts.response import ImageShape, StageTimes
-from pipeline.runtime.cancels import CancelWatch
+from pipeline.runtime.follow.cancels import CancelWatch
 from pipeline.runtime.codec import decode, encode, header_map, request_headers
 from pipeline.runtime.dlq import dead_letter
 from pipeline.runtime.errors import DecodeError, TopologyError, is_infrastructure
 from pipeline.runtime.handler import Item
-from pipeline.runtime.metrics import StageMetrics
+from pipeline.runtime.serve.metrics import StageMetrics
 from pipeline.runtime.outputs import Outputs, ReplyCheck
 from pipeline.runtime.stage import Outcome, SideRecord, Stage
 from pipeline.runtime.topics import TopicNames

@@ -38,14 +38,14 @@ from aiokafka.errors import CommitFailedError, IllegalStateError, KafkaError
 from aiokafka.structs import OffsetAndMetadata
 
 from pipeline.config.settings import ConsumerSettings, RuntimeSettings, Settings, kafka_kwargs
-from pipeline.runtime.bellpoll import BellPoller, PacedBell
-from pipeline.runtime.broker_epoch import tell_on_restart
-from pipeline.runtime.broker_watch import BrokerWatch
-from pipeline.runtime.doorbell import Bell
+from pipeline.runtime.wakeup.bellpoll import BellPoller, PacedBell
+from pipeline.runtime.broker.epoch import tell_on_restart
+from pipeline.runtime.broker.watch import BrokerWatch
+from pipeline.runtime.wakeup.doorbell import Bell
 from pipeline.runtime.errors import is_infrastructure, is_record_fault
 from pipeline.runtime.flow import BoundedQueue
 from pipeline.runtime.handler import Handler, Item
-from pipeline.runtime.metrics import StageMetrics
+from pipeline.runtime.serve.metrics import StageMetrics
 from pipeline.runtime.offsets import OffsetTracker
 from pipeline.runtime.outputs import make_producer
 
@@ -195,7 +195,7 @@ class StageWorker:
     # ---- rebalance ---------------------------------------------------------------------------
 
     def broker_restarted(self) -> None:
-        """runtime/broker_epoch.py: the embedded broker's logs start at 0 again. Offsets of the old
+        """runtime/broker/epoch.py: the embedded broker's logs start at 0 again. Offsets of the old
         logs are never committed, and the next assignment is read from offset 0."""
         for tp in self.tracker.owned():
             self.tracker.reset(tp)

@@ -34,7 +34,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from pydantic import BaseModel
 from starlette.responses import Response
 
-from pipeline.runtime.asgi import AsgiServer
+from pipeline.runtime.serve.asgi import AsgiServer
 from pipeline.stores.sql_check import (  # noqa: F401 - re-exported: the gateway's checks and lists
     ALLOWED_SYSTEM_TABLES,
     ALLOWED_TABLE_FUNCTIONS,

@@ -44,7 +44,7 @@ from pipeline.registries.actor import ActorBook
 from pipeline.training.samples import TenantScope
 from pipeline.runtime.codec import decode, encode
 from pipeline.runtime.errors import DecodeError
-from pipeline.runtime.follower import ControlFollower
+from pipeline.runtime.follow.follower import ControlFollower
 from pipeline.runtime.topics import TopicNames
 
 ACTOR_MARK = "+actor@"

@@ -22,7 +22,7 @@ import httpx
 import pytest
 
 from pipeline.registries.tenants import key_hash, new_api_key
-from pipeline.runtime.broker import free_port
+from pipeline.runtime.broker.embedded import free_port
 from tests.support.cli import running
 from tests.support.paths import ROOT
 

@@ -22,7 +22,7 @@ from pathlib import Path
 import orjson
 import pytest
 
-from pipeline.runtime.doorbell import producer_class
+from pipeline.runtime.wakeup.doorbell import producer_class
 from pipeline.runtime.topics import TopicNames
 from tests.support.kafka import read_until_quiet
 

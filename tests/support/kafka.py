@@ -32,7 +32,7 @@ async def read_topic(bootstrap: str, topic: str, count: int, timeout: float = 60
     from aiokafka import AIOKafkaConsumer
 
     # a fetch returns as soon as it has records; a short wait lets the embedded broker answer a
-    # slow read (a loaded host, a long partition) with none (runtime/bellpoll.py, step 2a)
+    # slow read (a loaded host, a long partition) with none (runtime/wakeup/bellpoll.py, step 2a)
     c = AIOKafkaConsumer(topic, bootstrap_servers=bootstrap, auto_offset_reset="earliest", enable_auto_commit=False,
                          fetch_max_wait_ms=100, group_id=None)
     await c.start()

@@ -11,7 +11,7 @@ from typing import Any
 import httpx
 
 from pipeline.config.settings import Settings, worker_config_yaml
-from pipeline.runtime.broker import free_port
+from pipeline.runtime.broker.embedded import free_port
 from pipeline.stores.sql_gateway import ensure_admin_token, query_via_admin
 from tests.support.paths import ROOT
 from tests.support.waits import wait_until

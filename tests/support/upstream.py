@@ -18,7 +18,7 @@ from typing import Any
 
 import httpx
 
-from pipeline.runtime.broker import free_port
+from pipeline.runtime.broker.embedded import free_port
 from tests.support.paths import ROOT
 from tests.support.waits import poll
 

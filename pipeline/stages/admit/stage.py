@@ -43,7 +43,7 @@ from pipeline.engines.chat_engine import as_chat, chat_prompt_len
 from pipeline.engines.tokenizer import load_chat_tokenizer
 from pipeline.registries.adapters import AdapterRegistry, refuse_adapter
 from pipeline.registries.tenants import TenantRegistry
-from pipeline.runtime.changelog import ChangelogReader
+from pipeline.runtime.follow.changelog import ChangelogReader
 from pipeline.runtime.codec import encode
 from pipeline.runtime.stage import Outcome, SideEffects, SideRecord, Stage, StageContext
 from pipeline.runtime.topics import TopicNames, load_registry

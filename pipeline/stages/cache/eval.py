@@ -17,7 +17,7 @@ import orjson
 
 from pipeline.contracts import RequestDoc
 from pipeline.contracts.request import RequestContext
-from pipeline.runtime.metrics import percentile
+from pipeline.runtime.serve.metrics import percentile
 from pipeline.stages.cache.semantic import SemanticCache
 
 DEFAULT_TENANT = "eval-tenant"

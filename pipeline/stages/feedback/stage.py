@@ -30,7 +30,7 @@ from pipeline.runtime.codec import decode, encode
 from pipeline.runtime.dlq import dead_letter
 from pipeline.runtime.errors import DecodeError
 from pipeline.runtime.handler import Item
-from pipeline.runtime.metrics import StageMetrics
+from pipeline.runtime.serve.metrics import StageMetrics
 from pipeline.runtime.outputs import Outputs
 from pipeline.runtime.topics import TopicNames
 from pipeline.security.sealing import keyring_for
@@ -76,7 +76,7 @@ class FeedbackWorker:
         return self._maskers[key]
 
     async def start(self, producer: AIOKafkaProducer) -> None:
-        from pipeline.runtime.follower import ControlFollower
+        from pipeline.runtime.follow.follower import ControlFollower
 
         self.producer = producer
         await asyncio.to_thread(lambda: self._masker(None).warm())

@@ -241,7 +241,7 @@ class GenerateStage(Stage):
         return out
 
     async def _cancellable(self, doc: RequestDoc) -> Outcome:
-        """One request, stopped when its caller withdraws it (runtime/cancels.py):
+        """One request, stopped when its caller withdraws it (runtime/follow/cancels.py):
         1. watch the request_id; the request runs as its own task;
         2. a cancel cancels that task: the engine call is cancelled with it, which aborts the request
            in vLLM (or closes the HTTP stream), and its fair-gate slot is given back;

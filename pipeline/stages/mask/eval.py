@@ -18,7 +18,7 @@ from typing import Any
 
 import orjson
 
-from pipeline.runtime.metrics import percentile
+from pipeline.runtime.serve.metrics import percentile
 from pipeline.stages.mask.pii import Masker
 
 

@@ -30,6 +30,7 @@ import weakref
 from pathlib import Path
 
 from aiokafka import AIOKafkaConsumer
+from pipeline.runtime.service import BackgroundTask
 
 log = logging.getLogger(__name__)
 
@@ -89,19 +90,15 @@ class EpochWatch:
         self.path, self.check_s = path, check_s
         self.epoch = 0
         self.rewinds = 0
-        self._task: asyncio.Task | None = None
+        self._task = BackgroundTask("broker-epoch")
 
     async def start(self) -> "EpochWatch":
         self.epoch = read_epoch(self.path)
-        if self._task is None:
-            self._task = asyncio.create_task(self._loop(), name="broker-epoch")
+        self._task.launch(self._loop)
         return self
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            await asyncio.gather(self._task, return_exceptions=True)
-            self._task = None
+        await self._task.cancel()
 
     async def _loop(self) -> None:
         while True:

@@ -49,7 +49,7 @@ def _families(registry: CollectorRegistry) -> _Families:
         dozes=Counter("llmpipe_doorbell_dozes", "doorbell dozes of the consumer, by how they ended (rung, timeout)",
                       s + ("ended",), registry=registry),
         unrung=Counter("llmpipe_doorbell_unrung", "fetches whose records came without a ring: a producer outside "
-                       "the doorbell (runtime/doorbell.py, step 5)", s, registry=registry),
+                       "the doorbell (runtime/wakeup/doorbell.py, step 5)", s, registry=registry),
     )
 
 

@@ -36,11 +36,12 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 
 from pipeline.config.settings import KafkaSecurity, kafka_kwargs
 from pipeline.contracts import Cancel, RequestDoc
-from pipeline.runtime.bellpoll import BellPoller
-from pipeline.runtime.broker_epoch import rewind_on_restart
+from pipeline.runtime.wakeup.bellpoll import BellPoller
+from pipeline.runtime.broker.epoch import rewind_on_restart
 from pipeline.runtime.codec import decode
-from pipeline.runtime.doorbell import Bell
+from pipeline.runtime.wakeup.doorbell import Bell
 from pipeline.runtime.errors import DecodeError
+from pipeline.runtime.service import BackgroundTask
 
 log = logging.getLogger(__name__)
 
@@ -55,7 +56,7 @@ class CancelWatch:
         self.kafka = kafka_kwargs(security)
         self.consumer: AIOKafkaConsumer | None = None
         self.bell: Bell | None = None
-        self._task: asyncio.Task | None = None
+        self._task = BackgroundTask("cancel-watch")
         # (request_id, SHA-256 of the cancel's secret) -> the cancel
         self._cancelled: OrderedDict[tuple[str, str], Cancel] = OrderedDict()
         self._callbacks: dict[tuple[str, str], list[Callable[[Cancel], None]]] = {}
@@ -79,14 +80,11 @@ class CancelWatch:
         rewind_on_restart(self.consumer)  # a restarted embedded broker's logs start at 0 again
         for tp in tps:
             await self.consumer.position(tp)  # step 1: fixed now, so a cancel sent after start is read
-        self._task = asyncio.create_task(self._follow(), name="cancel-watch")
+        self._task.launch(self._follow)
         return self
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            await asyncio.gather(self._task, return_exceptions=True)
-            self._task = None
+        await self._task.cancel()
         if self.consumer is not None:
             await self.consumer.stop()
             self.consumer = None

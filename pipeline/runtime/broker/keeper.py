@@ -10,7 +10,7 @@ Protocol:
 1. Every `check_s`, see whether the broker process is alive.
 2. Dead: log it (with its exit code), count it, and start it again on the same port. While starts
    fail, wait 1, 2, 4 ... s (with jitter, at most `max_backoff_s`) between them.
-3. Started: the broker epoch is bumped (runtime/broker_epoch.py: every consumer that keeps its own
+3. Started: the broker epoch is bumped (runtime/broker/epoch.py: every consumer that keeps its own
    position reads again from offset 0), then `on_restart(event)` applies what the storage lost (the topics, the development tenant)
    and records the restart where operators and analysts look (runtime/stack_events.py). It is
    retried, a second apart, until it succeeds or the broker dies again.
@@ -29,8 +29,9 @@ from pathlib import Path
 
 from prometheus_client import Counter
 
-from pipeline.runtime.broker import EmbeddedBroker
-from pipeline.runtime.broker_epoch import bump
+from pipeline.runtime.broker.embedded import EmbeddedBroker
+from pipeline.runtime.broker.epoch import bump
+from pipeline.runtime.service import BackgroundTask
 
 log = logging.getLogger(__name__)
 
@@ -53,19 +54,15 @@ class BrokerKeeper:
         self.restarts = 0
         self.last: BrokerRestart | None = None
         self.down_since: float | None = None
-        self._task: asyncio.Task | None = None
+        self._task = BackgroundTask("broker-keeper")
 
     async def start(self) -> "BrokerKeeper":
-        if self._task is None:
-            self._task = asyncio.create_task(self._loop(), name="broker-keeper")
+        self._task.launch(self._loop)
         return self
 
     async def stop(self) -> None:
         """Before the broker itself stops: a keeper would restart a broker the stack is shutting down."""
-        if self._task is not None:
-            self._task.cancel()
-            await asyncio.gather(self._task, return_exceptions=True)
-            self._task = None
+        await self._task.cancel()
 
     def state(self) -> dict:
         return {"state": "down" if self.down_since is not None else "up", "restarts": self.restarts,

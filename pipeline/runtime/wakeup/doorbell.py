@@ -15,7 +15,7 @@ Protocol:
    socket nobody reads any more (its process died) is unlinked; a full socket buffer means that
    bell is already ringing.
 3. A consumer whose fetch found nothing pauses its partitions and waits for its bell, at most
-   `doze_max_ms`, then resumes them and fetches (runtime/bellpoll.py: fetches that never wait). A
+   `doze_max_ms`, then resumes them and fetches (runtime/wakeup/bellpoll.py: fetches that never wait). A
    ring that came before the pause keeps the bell set, so that doze ends at once: a wake-up is
    never lost, and a lost datagram (or a producer that does not ring) costs at most `doze_max_ms`.
 4. Hints are never needed for correctness: records are read from the broker as always.

@@ -51,7 +51,7 @@ class FetchPacer:
         self.idle = False
 
     def set_waits(self, fast_ms: int, idle_wait_ms: int) -> None:
-        """Change both waits now (runtime/bellpoll.py: 0 ms while a doorbell wakes the consumer)."""
+        """Change both waits now (runtime/wakeup/bellpoll.py: 0 ms while a doorbell wakes the consumer)."""
         self.fast_ms, self.idle_wait_ms = fast_ms, max(fast_ms, idle_wait_ms)
         self._fetcher._fetch_max_wait_ms = self.idle_wait_ms if self.idle else self.fast_ms
 

@@ -4,7 +4,7 @@ record: how every cache worker keeps its replica of the `control` changelog.
 Catching up: end offsets are unreliable on the embedded broker, so `catch_up()` writes a unique
 marker record to every partition and waits until the follower has read all of them back.
 
-With a doorbell dir (runtime/doorbell.py) the follower dozes between records like a stage
+With a doorbell dir (runtime/wakeup/doorbell.py) the follower dozes between records like a stage
 worker: `control` takes a cache write-back per answered miss, so without it every follower of
 every process (six in the product topology) fetched every 20 ms while traffic flowed. A rung
 follower still fetches at most once per `MIN_ROUND_S`: only the cache stage applies write-backs,
@@ -24,11 +24,12 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 
 from pipeline.config.settings import KafkaSecurity, kafka_kwargs
 from pipeline.contracts import ControlRecord, Marker
-from pipeline.runtime.bellpoll import BellPoller
-from pipeline.runtime.broker_epoch import rewind_on_restart
+from pipeline.runtime.wakeup.bellpoll import BellPoller
+from pipeline.runtime.broker.epoch import rewind_on_restart
 from pipeline.runtime.codec import decode, encode
-from pipeline.runtime.doorbell import Bell, producer_class
+from pipeline.runtime.wakeup.doorbell import Bell, producer_class
 from pipeline.runtime.errors import DecodeError
+from pipeline.runtime.service import BackgroundTask
 
 log = logging.getLogger(__name__)
 
@@ -47,7 +48,7 @@ class ControlFollower:
         self.apply = apply
         self.consumer: AIOKafkaConsumer | None = None
         self.producer: AIOKafkaProducer | None = None
-        self._task: asyncio.Task | None = None
+        self._task = BackgroundTask("control-follower")
         self._waiting: dict[str, asyncio.Event] = {}
         self.applied = 0
         self.unreadable = 0
@@ -70,14 +71,12 @@ class ControlFollower:
         self.consumer.assign(tps)
         await self.consumer.seek_to_beginning(*tps)
         rewind_on_restart(self.consumer)  # a restarted embedded broker's logs start at 0 again
-        self._task = asyncio.create_task(self._follow())
+        self._task.launch(self._follow)
         await self.catch_up(timeout_s)
         return self
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            await asyncio.gather(self._task, return_exceptions=True)
+        await self._task.cancel()
         if self.consumer is not None:
             await self.consumer.stop()
         if self.producer is not None:

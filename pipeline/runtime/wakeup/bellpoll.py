@@ -1,4 +1,4 @@
-"""Polling a consumer that has a doorbell (runtime/doorbell.py) with fetches that do not wait.
+"""Polling a consumer that has a doorbell (runtime/wakeup/doorbell.py) with fetches that do not wait.
 
 With a bell a consumer only needs to know whether records are there now. On the embedded broker a
 fetch that waits 5 ms for records costs ~0.8 ms of broker CPU, one that waits 1 ms ~0.2 ms
@@ -44,8 +44,8 @@ from collections.abc import Callable
 
 from aiokafka import AIOKafkaConsumer, TopicPartition
 
-from pipeline.runtime.doorbell import Bell
-from pipeline.runtime.polling import FetchPacer, guarded_getmany
+from pipeline.runtime.wakeup.doorbell import Bell
+from pipeline.runtime.wakeup.polling import FetchPacer, guarded_getmany
 
 log = logging.getLogger(__name__)
 

@@ -17,7 +17,7 @@ from collections.abc import Callable
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 
 from pipeline.config.settings import KafkaSecurity, kafka_kwargs
-from pipeline.runtime.polling import guarded_getmany
+from pipeline.runtime.wakeup.polling import guarded_getmany
 
 MARKER_KEY = b"~marker"
 

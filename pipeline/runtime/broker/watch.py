@@ -31,6 +31,7 @@ from typing import Any
 from aiokafka.errors import KafkaError
 from aiokafka.protocol.metadata import MetadataRequest
 from prometheus_client import Counter, Gauge
+from pipeline.runtime.service import BackgroundTask
 
 log = logging.getLogger(__name__)
 
@@ -49,19 +50,15 @@ class BrokerWatch:
         self.since = time.time()
         self.reason = "started"
         self.probes = self.failures = 0
-        self._task: asyncio.Task | None = None
+        self._task = BackgroundTask(f"broker-watch-{self.process}")
         _UP.labels(process).set(1)
 
     async def start(self) -> "BrokerWatch":
-        if self._task is None:
-            self._task = asyncio.create_task(self._loop(), name=f"broker-watch-{self.process}")
+        self._task.launch(self._loop)
         return self
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            await asyncio.gather(self._task, return_exceptions=True)
-            self._task = None
+        await self._task.cancel()
 
     def state(self) -> dict[str, Any]:
         return {"state": "up" if self.up else "down", "since": round(self.since, 3), "reason": self.reason}

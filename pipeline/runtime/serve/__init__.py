@@ -1,0 +1,1 @@
+"""What a worker process serves over HTTP: `asgi` (uvicorn inside a process that owns its signals),\n`metrics` (Prometheus metrics, fixed label vocabularies only)."""

@@ -1,0 +1,1 @@
+"""Waking consumers of a broker that never wakes a waiting fetch: `doorbell` (a producer rings the\nconsumers of the topics it wrote), `bellpoll` (polling with fetches that do not wait), `polling` (one\nbounded, backing-off poll)."""

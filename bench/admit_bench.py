@@ -41,6 +41,7 @@ from rich.table import Table  # noqa: E402
 
 from bench._common import CpuWindow, pct, print_result  # noqa: E402
 from bench.runtime_bench import WorkerProc, create_topics, fmt, paced, run_worker_until  # noqa: E402
+from pipeline.app.launch import stage_worker  # noqa: E402
 from pipeline.config.settings import Settings  # noqa: E402
 from pipeline.contracts import AdmitRelease, ReplyTo, RequestDoc  # noqa: E402
 from pipeline.contracts.base import now_ms  # noqa: E402
@@ -49,9 +50,9 @@ from pipeline.engines.chat_engine import chat_prompt_ids  # noqa: E402
 from pipeline.engines.model_prep import prepare  # noqa: E402
 from pipeline.runtime.broker.embedded import EmbeddedBroker  # noqa: E402
 from pipeline.runtime.codec import encode, request_headers  # noqa: E402
-from pipeline.app.launch import stage_worker  # noqa: E402
 from pipeline.runtime.topics import TopicNames  # noqa: E402
-from pipeline.runtime.topology import Topology  # noqa: E402
+
+from pipeline.app.assemble import topology_for  # noqa: E402
 
 DECISIONS_TARGET = 5_000.0
 P99_TARGET_MS = 10.0
@@ -87,7 +88,7 @@ def docs_for(n: int, prefix: str = "llmpipe.") -> list[RequestDoc]:
 
 async def decisions_bench(data_dir: Path, model_dir: Path, n: int) -> dict[str, Any]:
     s = settings(data_dir, model_dir)
-    stage = Topology(s).build("admit", bootstrap="")
+    stage = topology_for(s).build("admit", bootstrap="")
     await stage.start()
     docs = docs_for(n)
     tok = stage.tokenizer
@@ -145,8 +146,8 @@ async def worker_bench(broker: EmbeddedBroker, tmp: Path, model_dir: Path, n: in
         await asyncio.gather(*futs)
     finally:
         await p.stop()
-    parts = Topology(s).topic_registry()["stage.answer"].partitions
-    r = await run_worker_until(stage_worker(s, Topology(s), "admit", broker.bootstrap), broker.bootstrap,
+    parts = topology_for(s).topic_registry()["stage.answer"].partitions
+    r = await run_worker_until(stage_worker(s, topology_for(s), "admit", broker.bootstrap), broker.bootstrap,
                                names.stage_input("answer"), parts, n, timeout_s)
     span = r.t_done - r.t_assigned
     rate = r.seen / span if span > 0 else 0.0

@@ -300,7 +300,8 @@ def run_full(size: int, base: np.ndarray, texts: list[str], emb: Embedder, n_que
     open_entry, gate, verifier run) and unrelated ones (misses)."""
     from pipeline.contracts.base import now_ms
     from pipeline.security.sealing import Keyring
-    from pipeline.stages.cache.policy import CachePolicy, bypass_reason, detect_domain
+    from pipeline.stages.cache.config import CachePolicy
+    from pipeline.stages.cache.policy import bypass_reason, detect_domain
     from pipeline.stages.cache.semantic import KEYWORD_FIELDS as CACHE_KEYWORDS
     from pipeline.stages.cache.semantic import NUMERIC_FIELDS as CACHE_NUMERIC
     from pipeline.stages.cache.semantic import SemanticCache, put_record

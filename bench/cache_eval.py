@@ -103,9 +103,13 @@ def _by_lang(pairs: list[dict[str, Any]], langs: list[str]) -> dict[str, dict[st
 
 def evaluate_set(embedder: Any, name: str, gate_only: bool) -> dict[str, Any]:
     from pipeline.security.sealing import Keyring
+    from pipeline.stages.cache.config import CachePolicy
     from pipeline.stages.cache.eval import evaluate, read_pairs
-    from pipeline.stages.cache.policy import CachePolicy
-    from pipeline.stages.cache.semantic import KEYWORD_FIELDS, NUMERIC_FIELDS, SemanticCache
+    from pipeline.stages.cache.semantic import (
+        KEYWORD_FIELDS,
+        NUMERIC_FIELDS,
+        SemanticCache,
+    )
     from pipeline.stores.vector_index import open_index
 
     path = DATA / f"{name}.jsonl"

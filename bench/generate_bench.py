@@ -49,7 +49,15 @@ import typer  # noqa: E402
 from rich.console import Console  # noqa: E402
 from rich.table import Table  # noqa: E402
 
-from bench._common import PIN_ENV, CpuWindow, cpu_by_owner, pct, pin_split, print_result, proc_ticks  # noqa: E402
+from bench._common import (  # noqa: E402
+    PIN_ENV,
+    CpuWindow,
+    cpu_by_owner,
+    pct,
+    pin_split,
+    print_result,
+    proc_ticks,
+)
 
 RATIO_TARGET = 0.9
 STAGES = ["mask", "cache", "route", "admit", "generate", "postprocess"]
@@ -148,8 +156,8 @@ def cli(*args: str, data_dir: Path, timeout: float, env: dict[str, str] | None =
 
 async def pipeline_mode(data_dir: Path, prompts: list[str], warmup: list[str], max_tokens: int,
                         stack_env: dict[str, str], idle_s: float, pin: bool) -> dict[str, Any]:
-    from pipeline.contracts.request import ChatBody, ChatMessage
     from pipeline.app.dev_key import read_dev_key
+    from pipeline.contracts.request import ChatBody, ChatMessage
     from pipeline.ingress.client import Client
 
     log.print("(b) llmpipe up --detach --processes")

@@ -214,7 +214,7 @@ async def main_async(n: int, clients: int, max_tokens: int, tmp: Path) -> dict[s
             log.print(f"phase: {name}")
             phases[name] = await closed_loop(e, prompts, specs[:k], clients, max_tokens)
         # fairness: a burst on one adapter vs another adapter's short requests, FIFO vs the fair gate
-        from pipeline.stages.generate.attempts import GeneratePolicy
+        from pipeline.stages.generate.config import GeneratePolicy
         from pipeline.stages.generate.fair_gate import FairGate
 
         gp = GeneratePolicy()  # generate's defaults for a LoRA deployment

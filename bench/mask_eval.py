@@ -141,7 +141,8 @@ def main(sets: str = typer.Option("", help="comma-separated set names (default: 
          out: Path = typer.Option(None, help="result file (default bench/results/mask_eval_<date>.json)"),
          save: bool = typer.Option(True, help="write the result file")) -> None:
     """Recall per PII type and false positives of the mask stage on every labelled sentence set."""
-    from pipeline.stages.mask.pii import Masker, MaskPolicy
+    from pipeline.stages.mask.config import MaskPolicy
+    from pipeline.stages.mask.pii import Masker
 
     t0 = time.perf_counter()
     names = [s for s in sets.split(",") if s] or list(SETS)

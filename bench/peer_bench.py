@@ -157,7 +157,7 @@ async def litellm(upstream: str, work: Path):
 
 def llmpipe_config(topology: str, upstream: str, key: str) -> dict[str, Any]:
     from pipeline.registries.tenants import key_hash
-    from pipeline.stages.route.policy import RoutePolicy
+    from pipeline.stages.route.config import RoutePolicy
 
     # the shipped routes, with their deployment the mock (and no LoRA adapter: the mock serves none)
     routes = RoutePolicy().model_dump(mode="json")["routes"]

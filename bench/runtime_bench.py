@@ -42,6 +42,7 @@ from rich.console import Console  # noqa: E402
 from rich.table import Table  # noqa: E402
 
 from bench._common import CpuWindow, pct, print_result  # noqa: E402
+from pipeline.app.launch import stage_worker  # noqa: E402
 from pipeline.config.settings import Settings, StageSpec, worker_config_yaml  # noqa: E402
 from pipeline.contracts import ReplyTo, RequestDoc  # noqa: E402
 from pipeline.contracts.base import now_ms  # noqa: E402
@@ -49,9 +50,9 @@ from pipeline.contracts.request import ChatBody, ChatMessage  # noqa: E402
 from pipeline.ingress.client import Client  # noqa: E402
 from pipeline.runtime.broker.embedded import EmbeddedBroker  # noqa: E402
 from pipeline.runtime.codec import encode, request_headers  # noqa: E402
-from pipeline.app.launch import stage_worker  # noqa: E402
 from pipeline.runtime.topics import TopicNames, apply_topics  # noqa: E402
-from pipeline.runtime.topology import Topology  # noqa: E402
+
+from pipeline.app.assemble import topology_for  # noqa: E402
 from pipeline.runtime.worker import StageWorker  # noqa: E402
 
 HOP_TARGET_MS = 5.0
@@ -70,7 +71,7 @@ def make_settings(data_dir: Path, prefix: str, bootstrap: str, stages: list[dict
 
 async def create_topics(s: Settings) -> None:
     assert s.bootstrap
-    await apply_topics(s.bootstrap, s.topic_prefix, Topology(s).topic_registry())
+    await apply_topics(s.bootstrap, s.topic_prefix, topology_for(s).topic_registry())
 
 
 class WorkerProc:
@@ -105,7 +106,7 @@ async def latency_bench(broker: EmbeddedBroker, tmp: Path, rate: float, duration
     s = make_settings(tmp / "latency", prefix, broker.bootstrap, stages)
     (tmp / "latency").mkdir(exist_ok=True)
     await create_topics(s)
-    topo = Topology(s)
+    topo = topology_for(s)
     workers: list[StageWorker] = []
     children: list[WorkerProc] = []
     try:
@@ -271,8 +272,8 @@ async def throughput_one(broker: EmbeddedBroker, tmp: Path, n: int, concurrency:
 
     # Count answers by reading `responses` (distinct keys): the embedded broker's end offsets
     # (ListOffsets latest) lag behind the records actually readable under concurrent produce.
-    n_parts = Topology(s).topic_registry()["responses"].partitions
-    r = await run_worker_until(stage_worker(s, Topology(s), stage, broker.bootstrap), broker.bootstrap,
+    n_parts = topology_for(s).topic_registry()["responses"].partitions
+    r = await run_worker_until(stage_worker(s, topology_for(s), stage, broker.bootstrap), broker.bootstrap,
                                names.responses, n_parts, n, timeout_s)
     done, t_start, t_assigned, t_half, t_done, cpu_use = r.seen, r.t_start, r.t_assigned, r.t_half, r.t_done, r.cpu
     span = t_done - t_assigned

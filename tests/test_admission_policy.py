@@ -14,8 +14,8 @@ from pipeline.stages.admit.policy import (
     remaining,
     roll,
     settle,
+    split_share,
 )
-from pipeline.stages.admit.stage import split_share
 
 T0 = 1_790_000_000_000  # some UTC instant
 

@@ -10,14 +10,14 @@ from collections import Counter
 
 import pytest
 
+from pipeline.app.launch import stage_worker
 from pipeline.contracts import Evidence
 from pipeline.engines.chat_engine import chat_prompt_ids
 from pipeline.engines.tokenizer import load_chat_tokenizer
 from pipeline.ingress import Client
 from pipeline.runtime.codec import decode
-from pipeline.app.launch import stage_worker
 from pipeline.runtime.topics import TopicNames
-from pipeline.runtime.topology import Topology
+from pipeline.app.assemble import topology_for
 from tests.support.admit import body, burst, stack
 from tests.support.kafka import create_topics, read_topic
 from tests.support.procs import Proc
@@ -42,7 +42,7 @@ async def test_kill9_of_admit_leaks_no_slot_and_counts_no_budget_twice(broker, p
               answer="tests.stages:Spend", answer_policy={"sleep_ms": 400})
     names = TopicNames(prefix)
     await create_topics(s)
-    answer = stage_worker(s, Topology(s), "answer", broker.bootstrap)
+    answer = stage_worker(s, topology_for(s), "answer", broker.bootstrap)
     await answer.start()
     first = Proc("admit", s, tmp_path / "admit-a.log", env={"LLMPIPE_WORKER_ID": "admit-a"})
     second: Proc | None = None
@@ -90,7 +90,7 @@ async def test_an_idempotency_key_executes_once_and_every_duplicate_gets_its_res
               answer="tests.stages:Unique", answer_policy={"sleep_ms": 800})
     names = TopicNames(prefix)
     await create_topics(s)
-    topo = Topology(s)
+    topo = topology_for(s)
     workers = [stage_worker(s, topo, "admit", broker.bootstrap), stage_worker(s, topo, "answer", broker.bootstrap)]
     await asyncio.gather(*(w.start() for w in workers))
     try:

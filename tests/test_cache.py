@@ -9,7 +9,7 @@ from pipeline.contracts import CacheInvalidate, RequestDoc
 from pipeline.contracts.request import RequestContext
 from pipeline.engines.embedder import Embedder
 from pipeline.security.sealing import Keyring
-from pipeline.stages.cache.policy import CachePolicy
+from pipeline.stages.cache.config import CachePolicy
 from pipeline.stages.cache.semantic import KEYWORD_FIELDS, NUMERIC_FIELDS, SemanticCache
 from pipeline.stores.vector_index import open_index
 

@@ -6,6 +6,7 @@ import pytest
 
 from pipeline.contracts import RequestDoc
 from pipeline.contracts.request import RequestContext
+from pipeline.stages.cache.config import CachePolicy
 from pipeline.stages.cache.gate import (
     GateRules,
     gate,
@@ -15,7 +16,6 @@ from pipeline.stages.cache.gate import (
     same_question,
 )
 from pipeline.stages.cache.policy import (
-    CachePolicy,
     acl_scope,
     boundary_for,
     bypass_reason,

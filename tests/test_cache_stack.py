@@ -10,16 +10,16 @@ import sys
 import pytest
 from aiokafka import AIOKafkaProducer
 
+from pipeline.app.launch import stage_worker
 from pipeline.contracts import Evidence
 from pipeline.contracts.request import ChatBody, ChatMessage
 from pipeline.engines.embedder import Embedder
 from pipeline.ingress import Client
 from pipeline.runtime.codec import decode, encode
-from pipeline.app.launch import stage_worker
 from pipeline.runtime.topics import TopicNames
-from pipeline.runtime.topology import Topology
+from pipeline.app.assemble import topology_for
 from pipeline.security.sealing import keyring_for
-from pipeline.stages.cache.policy import CachePolicy
+from pipeline.stages.cache.config import CachePolicy
 from pipeline.stages.cache.semantic import put_record
 from tests.support.kafka import create_topics, read_topic, settings_for
 from tests.support.paths import ROOT
@@ -33,7 +33,7 @@ async def test_write_back_hit_and_invalidation_through_the_stack(broker, prefix,
         auth={"required": False})  # a trusted producer publishes tenant_id without a key
     await create_topics(s)
     names = TopicNames(prefix)
-    topo = Topology(s)
+    topo = topology_for(s)
     workers = [stage_worker(s, topo, n, broker.bootstrap) for n in ("mask", "cache", "answer")]
     for w in workers:
         await w.start()

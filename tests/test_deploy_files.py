@@ -51,7 +51,7 @@ DESIGN_STAGES = ("mask", "cache", "route", "admit", "media", "vision", "generate
 
 def _stages() -> tuple[str, ...]:
     """The design's stages plus any product stage registered in the topology since."""
-    from pipeline.runtime.topology import PRODUCT_STAGES
+    from pipeline.stages.catalog import PRODUCT_STAGES
 
     return tuple(dict.fromkeys([*PRODUCT_STAGES, *DESIGN_STAGES]))
 
@@ -658,10 +658,10 @@ def quantity(value) -> float:
 
 
 def k8s_problems(files: dict[str, list[dict]], kust: dict) -> list[str]:
-    from pipeline.config.settings import Settings, SinkSettings
     from pipeline.app.launch import group_id
+    from pipeline.config.settings import Settings, SinkSettings
     from pipeline.runtime.topics import TopicNames
-    from pipeline.stores.warehouse_sink import WarehouseSink
+    from pipeline.stages.sink.warehouse import WarehouseSink
 
     problems: list[str] = []
     docs = [d for ds in files.values() for d in ds]

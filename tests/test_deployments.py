@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
+from pipeline.stages.generate.config import BreakerPolicy, RetryPolicy
 from pipeline.stages.generate.deployments import (
     Breaker,
-    BreakerPolicy,
     Deployment,
     Needs,
-    RetryPolicy,
     backoff_ms,
     breaker_allows,
     breaker_record,
@@ -159,13 +158,13 @@ def test_example_configs_validate_with_their_stage_policies(monkeypatch):
     from pathlib import Path
 
     from pipeline.config.settings import load_settings
-    from pipeline.runtime.topology import Topology
+    from pipeline.app.assemble import topology_for
 
     monkeypatch.delenv("LLMPIPE_CONFIG", raising=False)  # load_settings sets it; undone after the test
     root = Path(__file__).resolve().parents[1]
     for path in sorted((root / "examples").glob("*.yaml")):
         s = load_settings(path)
-        topo = Topology(s)
+        topo = topology_for(s)
         for spec in s.stages:
             cls = topo.stage_class(spec.name)
             if cls.policy_model is not None:

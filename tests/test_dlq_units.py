@@ -23,7 +23,7 @@ from pipeline.runtime.dlq import MAX_KEPT_BYTES, dead_letter, redact_key
 from pipeline.runtime.handler import Item
 from pipeline.runtime.stage_handler import StageHandler
 from pipeline.runtime.topics import TopicNames
-from pipeline.runtime.topology import Topology
+from pipeline.app.assemble import topology_for
 from pipeline.runtime.worker import StageWorker
 from tests.support.kafka import settings_for
 
@@ -144,7 +144,7 @@ async def test_a_reply_to_anywhere_but_a_partition_of_responses_is_refused_once(
     """Issue 35, finding 3: the bare record with partition 99999 made the salvaged answer raise
     AssertionError, retried forever; a foreign topic had the stage write there for the sender."""
     s = settings_for(tmp_path, "t.", None, [{"name": "answer", "class": "tests.stages:Answer"}])
-    names, topo = TopicNames("t."), Topology(s)
+    names, topo = TopicNames("t."), topology_for(s)
     handler = StageHandler(topo.build("answer"), topo, names, "w")
     producer = StubProducer({names.responses: 12, names.requests: 6, names("admit.state"): 6})
     await handler.start(producer)  # type: ignore[arg-type]

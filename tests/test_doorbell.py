@@ -13,13 +13,13 @@ from pathlib import Path
 import pytest
 from aiokafka import AIOKafkaProducer
 
-from pipeline.ingress import Client
-from pipeline.runtime.wakeup import doorbell
-from pipeline.runtime.codec import encode, request_headers
-from pipeline.runtime.wakeup.doorbell import Bell, Ringer, default_dir, topic_dir
 from pipeline.app.launch import stage_worker
+from pipeline.ingress import Client
+from pipeline.runtime.codec import encode, request_headers
 from pipeline.runtime.topics import TopicNames
-from pipeline.runtime.topology import Topology
+from pipeline.app.assemble import topology_for
+from pipeline.runtime.wakeup import doorbell
+from pipeline.runtime.wakeup.doorbell import Bell, Ringer, default_dir, topic_dir
 from tests.support.kafka import create_topics, settings_for
 from tests.support.waits import wait_until
 
@@ -142,7 +142,7 @@ async def test_a_dozing_worker_wakes_when_the_client_rings(broker, prefix, tmp_p
     """doze_max is a minute: an answer within seconds can only come from the ring."""
     s = await _belled(broker, prefix, tmp_path, bell_dir, 60_000)
     rung_before = _metric("llmpipe_doorbell_dozes_total", stage="answer", ended="rung")
-    async with stage_worker(s, Topology(s), "answer", broker.bootstrap) as w, \
+    async with stage_worker(s, topology_for(s), "answer", broker.bootstrap) as w, \
             Client(broker.bootstrap, topic_prefix=prefix, doorbell_dir=bell_dir) as client:
         for i in range(3):
             await wait_until(lambda: _dozing(w), 60, "the worker to doze")
@@ -159,7 +159,7 @@ async def test_a_dozing_worker_wakes_when_the_client_rings(broker, prefix, tmp_p
 async def test_a_producer_that_does_not_ring_is_still_read_after_doze_max(broker, prefix, tmp_path, bell_dir):
     s = await _belled(broker, prefix, tmp_path, bell_dir, 500)
     unrung_before = _metric("llmpipe_doorbell_unrung_total", stage="answer")
-    async with stage_worker(s, Topology(s), "answer", broker.bootstrap) as w, \
+    async with stage_worker(s, topology_for(s), "answer", broker.bootstrap) as w, \
             Client(broker.bootstrap, topic_prefix=prefix) as client:  # this client never rings
         await wait_until(lambda: _dozing(w), 60, "the worker to doze")
         await asyncio.sleep(doorbell.UNRUNG_GRACE_S)  # a bell judges unrung arrivals only after this
@@ -237,7 +237,7 @@ async def test_a_belled_worker_fetches_without_waiting_and_only_when_rung(broker
     from pipeline.runtime.wakeup.bellpoll import NOWAIT_FETCH_MS
 
     s = await _belled(broker, prefix, tmp_path, bell_dir, 60_000)
-    async with stage_worker(s, Topology(s), "answer", broker.bootstrap) as w, \
+    async with stage_worker(s, topology_for(s), "answer", broker.bootstrap) as w, \
             Client(broker.bootstrap, topic_prefix=prefix, doorbell_dir=bell_dir) as client:
         await wait_until(lambda: _dozing(w), 60, "the worker to doze")
         p = w.poller
@@ -261,7 +261,7 @@ async def test_without_a_bell_the_worker_polls_with_the_configured_wait(broker, 
     s = s.model_copy(update={"consumer": s.consumer.model_copy(update={"fetch_max_wait_ms": 7,
                                                                        "idle_fetch_max_wait_ms": 7})})
     await create_topics(s)
-    async with stage_worker(s, Topology(s), "answer", broker.bootstrap) as w, \
+    async with stage_worker(s, topology_for(s), "answer", broker.bootstrap) as w, \
             Client(broker.bootstrap, topic_prefix=prefix) as client:
         assert w.bell is None
         assert (await client.request(client.build("plain"), 30)).text == "PLAIN"
@@ -279,7 +279,7 @@ async def test_a_paced_consumer_fetches_once_per_interval_while_idle(broker, pre
     s = settings_for(tmp_path, prefix, broker.bootstrap, [{"name": "answer", "class": "tests.stages:Answer"}])
     s = s.model_copy(update={"consumer": s.consumer.model_copy(update={"doorbell": False, "fetch_every_ms": 400})})
     await create_topics(s)
-    async with stage_worker(s, Topology(s), "answer", broker.bootstrap) as w, \
+    async with stage_worker(s, topology_for(s), "answer", broker.bootstrap) as w, \
             Client(broker.bootstrap, topic_prefix=prefix) as client:
         assert isinstance(w.bell, PacedBell)
         assert (await client.request(client.build("paced"), 30)).text == "PACED"

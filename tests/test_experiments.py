@@ -8,6 +8,7 @@ from pydantic import ValidationError
 
 from pipeline.contracts import ChatMessage
 from pipeline.engines.chat_engine import as_chat
+from pipeline.stages.route.config import Route, RoutePolicy
 from pipeline.stages.route.experiments import (
     Experiment,
     assign,
@@ -15,7 +16,6 @@ from pipeline.stages.route.experiments import (
     experiment_for,
     with_variant,
 )
-from pipeline.stages.route.policy import Route, RoutePolicy
 from tests.support.stats import binomial_interval
 
 AB = Experiment(name="tone", route="simple", variants=[

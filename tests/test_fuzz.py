@@ -27,13 +27,13 @@ from aiokafka import AIOKafkaProducer
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from pipeline.app.launch import stage_worker
 from pipeline.contracts import DlqRecord, Response
 from pipeline.ingress.http import FrontDoor
 from pipeline.registries.tenants import key_hash, new_api_key
 from pipeline.runtime.codec import decode
-from pipeline.app.launch import stage_worker
 from pipeline.runtime.topics import TopicNames
-from pipeline.runtime.topology import Topology
+from pipeline.app.assemble import topology_for
 from tests.support.kafka import create_topics, read_topic, settings_for
 
 pytestmark = pytest.mark.integration
@@ -62,7 +62,7 @@ class FuzzStack:
 
     async def _start(self) -> None:
         await create_topics(self.s)
-        topo = Topology(self.s)
+        topo = topology_for(self.s)
         self.workers = [await stage_worker(self.s, topo, n, self.s.bootstrap).start() for n in ("mask", "answer")]
         self.door = await FrontDoor(self.s, self.s.bootstrap).start()
         self.http = httpx.AsyncClient(transport=httpx.ASGITransport(app=self.door.app), base_url="http://door")

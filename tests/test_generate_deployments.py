@@ -25,6 +25,7 @@ import orjson
 import pytest
 import pytest_asyncio
 
+from pipeline.app.launch import stage_worker
 from pipeline.config.settings import Settings
 from pipeline.contracts import BreakerUpdate, ControlRecord, Evidence, Response
 from pipeline.contracts.base import now_ms
@@ -41,9 +42,8 @@ from pipeline.engines.vllm_server import VllmServer
 from pipeline.ingress import Client
 from pipeline.runtime.broker.embedded import free_port
 from pipeline.runtime.codec import decode
-from pipeline.app.launch import stage_worker
 from pipeline.runtime.topics import TopicNames
-from pipeline.runtime.topology import Topology
+from pipeline.app.assemble import topology_for
 from pipeline.stages.generate.stage import GenerateStage
 from tests.support.kafka import create_topics, read_topic, settings_for
 from tests.support.upstream import Upstream, mock_upstream
@@ -137,7 +137,7 @@ async def _fallback_breaker_shared_and_recovery(broker, prefix, tmp_path, prepar
     s = stack(tmp_path, prefix, broker.bootstrap, deployments, policy, prepared_model)
     await create_topics(s)
     names = TopicNames(prefix)
-    topo = Topology(s)
+    topo = topology_for(s)
     gens = [stage_worker(s.model_copy(update={"worker_id": f"g{i}"}), topo, "generate", broker.bootstrap) for i in (1, 2)]
     post = stage_worker(s, topo, "postprocess", broker.bootstrap)
     for w in [*gens, post]:
@@ -295,7 +295,7 @@ async def failing(broker, prepared_model, tmp_path_factory) -> AsyncIterator[Fai
                             "fallback_reserve_ms": 1000, "max_attempts": 3}}
         s = stack(tmp, prefix, broker.bootstrap, deployments, policy, prepared_model)
         await create_topics(s)
-        topo = Topology(s)
+        topo = topology_for(s)
         workers = [stage_worker(s, topo, n, broker.bootstrap) for n in ("generate", "postprocess")]
         for w in workers:
             await w.start()

@@ -21,7 +21,8 @@ from pipeline.security.sealing import (
     seal,
     unmask,
 )
-from pipeline.stages.mask.pii import Masker, MaskPolicy
+from pipeline.stages.mask.config import MaskPolicy
+from pipeline.stages.mask.pii import Masker
 from pipeline.stages.mask.stage import MaskStage, mask_document
 
 DATA = Path(__file__).parent / "data" / "pii_sentences.jsonl"
@@ -144,7 +145,7 @@ async def test_stage_evidence_counts_types_and_never_text(tmp_path):
 
 
 def test_tenant_overrides_change_the_policy(tmp_path):
-    from pipeline.stages.mask.stage import MaskStagePolicy
+    from pipeline.stages.mask.config import MaskStagePolicy
 
     p = MaskStagePolicy(tenants={"t-ip-ok": {"entities": ["EMAIL_ADDRESS"]}})
     assert "IP_ADDRESS" not in p.for_tenant("t-ip-ok").entities

@@ -19,12 +19,12 @@ from pipeline.config.settings import Settings, StageSpec
 from pipeline.config.tenants import TenantLimits
 from pipeline.contracts import RequestDoc, Status
 from pipeline.runtime.stage import StageContext
+from pipeline.stages.mask.config import MaskPolicy
 from pipeline.stages.mask.pii import (
     WINDOW_CHARS,
     WINDOW_OVERLAP,
     Masker,
     MaskFailed,
-    MaskPolicy,
     windows,
 )
 from pipeline.stages.mask.recognizers import (

@@ -65,7 +65,8 @@ async def test_no_raw_pii_anywhere_after_a_run(tmp_path):
         assert not leaks, sorted(leaks)[:10]
         # the evidence carries what an analyst needs: counts by type
         counts = sql(tmp_path, "SELECT sum(scores['entities.PERSON']) AS persons FROM decisions FINAL WHERE stage = 'mask'")
-        from pipeline.stages.mask.pii import Masker, MaskPolicy
+        from pipeline.stages.mask.config import MaskPolicy
+        from pipeline.stages.mask.pii import Masker
 
         local = Masker(MaskPolicy())  # the same recognizers, here: the evidence counts what mask found
         found = sum(Counter(r.entity_type for r in local.analyze(row["text"]))["PERSON"] for row in ROWS)

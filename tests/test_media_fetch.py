@@ -13,9 +13,9 @@ import psutil
 import pytest
 import pytest_asyncio
 
-from pipeline.stages.media.decode import DecodeError, ProcessorConfig, decode
-from pipeline.stages.media.fetch import FetchError, FetchLimits, fetch_image
-from pipeline.stages.media.guard import FetchRules
+from pipeline.stages.media.config import FetchLimits, FetchRules, ProcessorConfig
+from pipeline.stages.media.decode import DecodeError, decode
+from pipeline.stages.media.fetch import FetchError, fetch_image
 from tests.support.media_servers import HttpServer, ImageServer, jpeg
 
 on_loop = pytest.mark.asyncio(loop_scope="session")

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
+from pipeline.stages.media.config import FetchRules
 from pipeline.stages.media.guard import (
-    FetchRules,
     Refusal,
     Target,
     vet_address,

@@ -11,13 +11,13 @@ from collections import Counter
 import numpy as np
 import pytest
 
+from pipeline.app.launch import stage_worker
 from pipeline.contracts import Evidence
 from pipeline.contracts.request import ChatBody, ChatMessage
 from pipeline.ingress import Client
 from pipeline.runtime.codec import decode
-from pipeline.app.launch import stage_worker
 from pipeline.runtime.topics import TopicNames
-from pipeline.runtime.topology import Topology
+from pipeline.app.assemble import topology_for
 from pipeline.stores.blob_store import BlobError, LocalBlobStore
 from tests.support.kafka import create_topics, read_topic, settings_for
 from tests.support.media_servers import jpeg, png
@@ -39,7 +39,7 @@ async def test_image_requests_are_decoded_stored_and_answered(broker, prefix, tm
     await create_topics(s)
     store = LocalBlobStore(tmp_path / "blobs")
     uploaded = store.put("acme", png(40, 30), "png")
-    topo = Topology(s)
+    topo = topology_for(s)
     workers = [stage_worker(s, topo, n, broker.bootstrap) for n in ("media", "answer")]
     await asyncio.gather(*(w.start() for w in workers))
     try:

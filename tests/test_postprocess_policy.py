@@ -5,7 +5,8 @@ from __future__ import annotations
 
 from pipeline.contracts import RequestDoc
 from pipeline.contracts.request import ChatBody, ChatMessage, ResponseFormat
-from pipeline.stages.cache.policy import CachePolicy, bypass_reason
+from pipeline.stages.cache.config import CachePolicy
+from pipeline.stages.cache.policy import bypass_reason
 from pipeline.stages.postprocess.schema import schema_violation
 
 SCHEMA = {"type": "object", "properties": {"city": {"type": "string"}, "population": {"type": "integer"}},

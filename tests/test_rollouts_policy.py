@@ -202,7 +202,8 @@ def _rollout(verifier: HookSpec | None = None, reward: HookSpec | None = None) -
 
 
 def _plan(doc: RequestDoc, policy=None):
-    from pipeline.stages.generate.attempts import GeneratePolicy, plan_for
+    from pipeline.stages.generate.attempts import plan_for
+    from pipeline.stages.generate.config import GeneratePolicy
 
     return plan_for(doc, policy or GeneratePolicy(), None, [], None, None)  # hooks are resolved before anything else
 
@@ -228,7 +229,7 @@ def test_a_request_cannot_name_a_python_hook_the_operator_did_not_list(tmp_path,
 def test_the_operators_python_hooks_load_with_the_policy_and_fail_it_clearly(tmp_path, monkeypatch):
     from pydantic import ValidationError
 
-    from pipeline.stages.generate.attempts import GeneratePolicy
+    from pipeline.stages.generate.config import GeneratePolicy
 
     (tmp_path / "exits_on_import.py").write_text("raise SystemExit(3)\n")
     (tmp_path / "lab_hooks.py").write_text("def brevity(sample, ok, args):\n    return 0.5\n")

@@ -8,14 +8,8 @@ from pipeline.contracts import RequestDoc
 from pipeline.contracts.request import DeviceState
 from pipeline.engines.embedder import Embedder
 from pipeline.security.sealing import Keyring
-from pipeline.stages.route.policy import (
-    DeviceFlags,
-    PlacementPolicy,
-    RoutePolicy,
-    complexity,
-    place,
-    update_flags,
-)
+from pipeline.stages.route.config import PlacementPolicy, RoutePolicy
+from pipeline.stages.route.policy import DeviceFlags, complexity, place, update_flags
 from pipeline.stages.route.stage import Router, route_text
 
 P = PlacementPolicy()
@@ -99,7 +93,7 @@ def test_route_reuses_the_cache_embedding_of_the_same_text(embedder, tmp_path):
     import asyncio
 
     from pipeline.engines.embedder import vector_from_b64
-    from pipeline.stages.cache.policy import CachePolicy
+    from pipeline.stages.cache.config import CachePolicy
     from pipeline.stages.cache.semantic import (
         KEYWORD_FIELDS,
         NUMERIC_FIELDS,

@@ -10,7 +10,7 @@ import yaml
 from pipeline.contracts.request import DeviceState
 from pipeline.engines.embedder import Embedder
 from pipeline.ingress import Client
-from pipeline.stages.route.policy import RoutePolicy
+from pipeline.stages.route.config import RoutePolicy
 from pipeline.stages.route.stage import Router, route_text
 from tests.support.cli import last_json, llmpipe
 from tests.support.waits import poll

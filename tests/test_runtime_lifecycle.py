@@ -12,12 +12,12 @@ import orjson
 import pytest
 from aiokafka import AIOKafkaConsumer
 
+from pipeline.app.launch import stage_worker
 from pipeline.contracts import Evidence
 from pipeline.ingress import Client
 from pipeline.runtime.codec import decode
-from pipeline.app.launch import stage_worker
 from pipeline.runtime.topics import TopicNames, load_registry
-from pipeline.runtime.topology import Topology
+from pipeline.app.assemble import topology_for
 from tests.support.kafka import create_topics, publish, read_topic, settings_for
 from tests.support.paths import ROOT
 from tests.support.procs import Proc
@@ -71,7 +71,7 @@ async def test_micro_batching_fills_batches_up_to_the_declared_size(broker, pref
         docs = [client.build(f"b{i}") for i in range(200)]
         await publish(broker.bootstrap, TopicNames(prefix).requests, docs)  # queued before the worker starts
         futs = [client._pending.setdefault(d.request_id, asyncio.get_running_loop().create_future()) for d in docs]
-        async with stage_worker(s, Topology(s), "batch", broker.bootstrap):
+        async with stage_worker(s, topology_for(s), "batch", broker.bootstrap):
             answers = await asyncio.gather(*(client.wait(d.request_id, f, 60) for d, f in zip(docs, futs)))
     sizes = [int(a.text) for a in answers]
     assert max(sizes) == 16, "batches fill up to max_batch when records are waiting"
@@ -83,7 +83,7 @@ async def test_an_idle_worker_does_not_wait_for_a_batch_to_fill(broker, prefix, 
     process; a lone record on an idle worker rides alone at once (PatientBatch would wait 2 s)."""
     s = settings_for(tmp_path, prefix, broker.bootstrap, [{"name": "batch", "class": "tests.stages:PatientBatch"}])
     await create_topics(s)
-    async with stage_worker(s, Topology(s), "batch", broker.bootstrap), \
+    async with stage_worker(s, topology_for(s), "batch", broker.bootstrap), \
             Client(broker.bootstrap, topic_prefix=prefix) as client:
         first = asyncio.ensure_future(client.request(client.build("one"), 30))
         await asyncio.sleep(0.3)
@@ -97,7 +97,7 @@ async def test_idle_stage_workers_poll_slower_and_speed_up_for_the_next_record(b
                      consumer={"fetch_max_wait_ms": 5, "idle_fetch_max_wait_ms": 60, "idle_after_ms": 300})
     await create_topics(s)
     async with Client(broker.bootstrap, topic_prefix=prefix) as client:
-        async with stage_worker(s, Topology(s), "batch", broker.bootstrap) as w:
+        async with stage_worker(s, topology_for(s), "batch", broker.bootstrap) as w:
             fetcher = w.consumer._fetcher  # the real aiokafka fetcher: FetchPacer relies on its attribute
             assert (await client.request(client.build("one"), 60)).status == "ok"
             await asyncio.sleep(1.0)

@@ -9,12 +9,12 @@ import orjson
 import pytest
 from aiokafka import AIOKafkaProducer
 
+from pipeline.app.launch import stage_worker
 from pipeline.contracts import DlqRecord, Evidence, Response
 from pipeline.ingress import Client
 from pipeline.runtime.codec import decode
-from pipeline.app.launch import stage_worker
 from pipeline.runtime.topics import TopicNames
-from pipeline.runtime.topology import Topology
+from pipeline.app.assemble import topology_for
 from tests.stages import Answer
 from tests.support.kafka import (
     create_topics,
@@ -30,7 +30,7 @@ async def test_poison_records_land_in_dlq_and_the_stage_goes_on(broker, prefix, 
     s = settings_for(tmp_path, prefix, broker.bootstrap, [{"name": "answer", "class": "tests.stages:Answer"}])
     await create_topics(s)
     names = TopicNames(prefix)
-    async with stage_worker(s, Topology(s), "answer", broker.bootstrap), Client(broker.bootstrap, topic_prefix=prefix) as client:
+    async with stage_worker(s, topology_for(s), "answer", broker.bootstrap), Client(broker.bootstrap, topic_prefix=prefix) as client:
         not_json = b"\xff\xfe this is { not json"
         good = client.build("fine")
         invalid = orjson.loads(client.build("x").model_dump_json())
@@ -72,7 +72,7 @@ async def test_a_record_past_its_deadline_is_answered_and_never_processed(broker
         late = client.build("too late", deadline_ms=int(time.time() * 1000) - 1000)
         fut = await client.submit(late)  # published before any worker runs
         before = Answer.processed
-        async with stage_worker(s, Topology(s), "answer", broker.bootstrap):
+        async with stage_worker(s, topology_for(s), "answer", broker.bootstrap):
             resp = await client.wait(late.request_id, fut, 60)
             on_time = await client.request(client.build("on time"), 60)
     assert resp.status == "deadline_exceeded" and resp.error_class == "deadline_exceeded"
@@ -92,7 +92,7 @@ async def test_a_request_published_by_another_kafka_client_is_answered(broker, p
     s = settings_for(tmp_path, prefix, broker.bootstrap, [{"name": "answer", "class": "tests.stages:Answer"}])
     await create_topics(s)
     names = TopicNames(prefix)
-    async with stage_worker(s, Topology(s), "answer", broker.bootstrap), Client(broker.bootstrap, topic_prefix=prefix) as client:
+    async with stage_worker(s, topology_for(s), "answer", broker.bootstrap), Client(broker.bootstrap, topic_prefix=prefix) as client:
         doc = client.build("from librdkafka")
         fut = client._pending.setdefault(doc.request_id, asyncio.get_running_loop().create_future())
         value = orjson.dumps({"schema": "request/v1", "request_id": doc.request_id, "deadline_ms": doc.deadline_ms,
@@ -116,7 +116,7 @@ async def test_an_output_too_large_for_its_topic_is_answered_and_the_stage_goes_
                       {"name": "answer", "class": "tests.stages:Answer"}])
     await create_topics(s)
     names = TopicNames(prefix)
-    topo = Topology(s)
+    topo = topology_for(s)
     async with stage_worker(s, topo, "grow", broker.bootstrap), stage_worker(s, topo, "answer", broker.bootstrap), \
             Client(broker.bootstrap, topic_prefix=prefix) as client:
         big, small = client.build("please grow"), client.build("stay small")
@@ -138,7 +138,7 @@ async def test_a_request_cancelled_before_a_stage_is_answered_there_and_never_pr
                       {"name": "answer", "class": "tests.stages:Answer"}])
     await create_topics(s)
     names = TopicNames(prefix)
-    topo = Topology(s)
+    topo = topology_for(s)
     async with stage_worker(s, topo, "slow", broker.bootstrap), stage_worker(s, topo, "answer", broker.bootstrap), \
             Client(broker.bootstrap, topic_prefix=prefix) as client:
         kept, withdrawn = client.build("keep me"), client.build("withdraw me")
@@ -164,7 +164,7 @@ async def test_a_reply_to_the_stage_may_not_write_to_is_answered_once_and_never_
     s = settings_for(tmp_path, prefix, broker.bootstrap, [{"name": "answer", "class": "tests.stages:Answer"}])
     await create_topics(s)
     names = TopicNames(prefix)
-    async with stage_worker(s, Topology(s), "answer", broker.bootstrap), Client(broker.bootstrap, topic_prefix=prefix) as client:
+    async with stage_worker(s, topology_for(s), "answer", broker.bootstrap), Client(broker.bootstrap, topic_prefix=prefix) as client:
         def doc(rid: str, reply: object) -> bytes:
             obj = orjson.loads(client.build("poison", request_id=rid).model_dump_json(by_alias=True))
             return orjson.dumps({**obj, "reply_to": reply})

@@ -11,9 +11,9 @@ from prometheus_client import CollectorRegistry
 from pipeline.config.settings import RuntimeSettings, Settings, StageSpec
 from pipeline.contracts import RequestDoc
 from pipeline.runtime.flow import BoundedQueue
-from pipeline.runtime.serve.metrics import StageMetrics
 from pipeline.runtime.offsets import OffsetTracker
-from pipeline.runtime.topology import Topology
+from pipeline.runtime.serve.metrics import StageMetrics
+from pipeline.app.assemble import topology_for
 
 TP = TopicPartition("t", 0)
 
@@ -112,7 +112,7 @@ def test_stage_consumer_overrides_change_only_that_stage():
 
 def test_keys_follow_the_registry_rule():
     s = Settings(stages=[StageSpec(name=n) for n in ("route", "admit", "custom")])
-    topo = Topology(s)
+    topo = topology_for(s)
     doc = RequestDoc(request_id="r", tenant_id="t", device_id="d", body={"messages": [{"role": "user", "content": "x"}]})
     assert topo.key_for("route", doc) == b"d"
     assert topo.key_for("admit", doc) == b"t"
@@ -208,3 +208,24 @@ async def test_a_background_task_launches_once_and_cancel_is_idempotent():
     await asyncio.sleep(0)
     assert started == [1, 1]
     await task.cancel()
+
+
+def test_every_stage_policy_is_checked_before_anything_starts():
+    """A wrong value or a misspelt key in any stage's policy fails at assembly, all of them at once,
+    naming the stage and the field; before, the stage's own constructor found it, after the broker
+    and the other workers were up. The product defaults and a custom stage's policy pass."""
+    from pipeline.app.assemble import check_policies, topology_for
+    from pipeline.runtime.errors import TopologyError
+
+    s = Settings(stages=[StageSpec(name="mask", policy={"score_threshold": 7}),
+                         StageSpec(name="cache", policy={"treshold": 0.5}),
+                         StageSpec(name="route", policy={"routes": {"x": {"model": "m", "deployments": "nope"}}}),
+                         StageSpec(name="answer", cls="tests.stages:Answer", policy={"anything": 1})])
+    with pytest.raises(TopologyError) as err:
+        check_policies(topology_for(s))
+    text = str(err.value)
+    assert "stage 'mask' policy: score_threshold" in text
+    assert "stage 'cache' policy: treshold: Extra inputs are not permitted" in text
+    assert "stage 'route' policy: routes.x.deployments" in text
+    assert "answer" not in text
+    check_policies(topology_for(Settings()))

@@ -65,12 +65,13 @@ def test_no_config_means_the_whole_product_on_the_local_model():
     """`llmpipe up` with no config file (what a newcomer runs; the product path test now runs on the
     shared stack's config): every product stage, in order, and every default route served by a
     deployment that exists."""
-    from pipeline.runtime.topology import PRODUCT_STAGES, Topology
-    from pipeline.stages.route.policy import RoutePolicy
+    from pipeline.stages.catalog import PRODUCT_STAGES
+    from pipeline.app.assemble import topology_for
+    from pipeline.stages.route.config import RoutePolicy
 
     s = Settings()
-    assert Topology(s).order == ["mask", "cache", "route", "admit", "media", "vision", "generate", "postprocess"]
-    assert list(PRODUCT_STAGES) == Topology(s).order
+    assert topology_for(s).order == ["mask", "cache", "route", "admit", "media", "vision", "generate", "postprocess"]
+    assert list(PRODUCT_STAGES) == topology_for(s).order
     names = {d.name for d in s.deployments}
     routes = RoutePolicy().routes
     assert routes and all(r.deployments and set(r.deployments) <= names for r in routes.values()), (names, routes)

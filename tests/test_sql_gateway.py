@@ -18,18 +18,20 @@ import pytest
 from fastapi.testclient import TestClient
 from pydantic import SecretStr
 
-from pipeline.config.settings import SecretSettings, Settings
 from pipeline.analysis.report import SECTIONS, query_text
+from pipeline.config.settings import SecretSettings, Settings
+from pipeline.ingress.admin import (
+    admin_app,
+    admin_token_for,
+    admin_token_path,
+    ensure_admin_token,
+)
 from pipeline.stores.sql_gateway import (
     ALLOWED_SYSTEM_TABLES,
     ALLOWED_TABLE_FUNCTIONS,
     REFUSED_FUNCTIONS,
     SqlError,
-    admin_app,
-    admin_token_for,
-    admin_token_path,
     check_read_only,
-    ensure_admin_token,
 )
 from tests.support.paths import ROOT
 
@@ -215,8 +217,8 @@ def test_shipped_queries_pass_the_pre_check():
 
 
 def _shipped_queries() -> list[str]:
-    from pipeline.training.samples import EXPORT_SQL, FEEDBACK_EXPORT_SQL
     from pipeline.stores.owners import _SQL as OWNER_SQL
+    from pipeline.training.samples import EXPORT_SQL, FEEDBACK_EXPORT_SQL
 
     return [query_text(sec.name) for sec in SECTIONS] + [EXPORT_SQL, FEEDBACK_EXPORT_SQL, *OWNER_SQL.values()]
 
@@ -241,8 +243,8 @@ def test_admin_token_file_is_private_and_shared(tmp_path):
     assert sorted(p.name for p in path.parent.iterdir()) == ["admin.token"]  # no temporary file left
     assert ensure_admin_token(tmp_path) == tokens[0]
     # another process of the same data dir (the sink child, `llmpipe sql`) reads the same token
-    other = subprocess.run([sys.executable, "-c", "import sys; from pathlib import Path; from pipeline.stores."
-                            "sql_gateway import ensure_admin_token as e; print(e(Path(sys.argv[1])))", str(tmp_path)],
+    other = subprocess.run([sys.executable, "-c", "import sys; from pathlib import Path; from pipeline.ingress."
+                            "admin import ensure_admin_token as e; print(e(Path(sys.argv[1])))", str(tmp_path)],
                            cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert other.stdout.strip() == tokens[0], other.stderr
     path.chmod(0o644)
@@ -289,7 +291,8 @@ from pathlib import Path
 from fastapi.testclient import TestClient
 from pipeline.contracts import Evidence
 from pipeline.stores import warehouse_rows as rows
-from pipeline.stores.sql_gateway import SqlError, admin_app, analyst_query, check_tree
+from pipeline.stores.sql_gateway import SqlError, analyst_query, check_tree
+from pipeline.ingress.admin import admin_app
 from pipeline.stores.warehouse import Warehouse
 
 directory, token, secret, outfile = Path(sys.argv[1]), sys.argv[2], sys.argv[4], sys.argv[5]

@@ -264,7 +264,8 @@ SECRET_ANSWER = ["Jane Doe's ", "card is 4111 1111 ", "1111 1111, ", "her plan: 
 async def _sealed_stream(keyring, request_id: str = "req-1") -> list[Delta]:
     import asyncio
 
-    from pipeline.stages.generate.stream import DeltaFlusher, StreamPolicy
+    from pipeline.stages.generate.config import StreamPolicy
+    from pipeline.stages.generate.stream import DeltaFlusher
 
     rec = _Recorder()
     flusher = DeltaFlusher(rec, "deltas")
@@ -315,7 +316,8 @@ async def test_a_sealed_delta_opens_only_for_its_request_place_and_key():
 
 
 def test_sealing_needs_the_keyring_and_can_be_turned_off():
-    from pipeline.stages.generate.stream import DeltaFlusher, StreamPolicy
+    from pipeline.stages.generate.config import StreamPolicy
+    from pipeline.stages.generate.stream import DeltaFlusher
 
     flusher = DeltaFlusher(_Recorder(), "deltas")
     with pytest.raises(RuntimeError, match="keyring"):

@@ -14,6 +14,7 @@ import sys
 
 import pytest
 
+from pipeline.app.launch import stage_worker
 from pipeline.config.tenants import TenantSpec
 from pipeline.contracts import Evidence
 from pipeline.contracts.control import ApiKeyIssued, ApiKeyRevoked, TenantUpsert
@@ -21,9 +22,8 @@ from pipeline.contracts.request import ChatBody, ChatMessage
 from pipeline.ingress import Client
 from pipeline.registries.tenants import TenantRegistry, key_hash, new_api_key
 from pipeline.runtime.codec import decode
-from pipeline.app.launch import stage_worker
 from pipeline.runtime.topics import TopicNames
-from pipeline.runtime.topology import Topology
+from pipeline.app.assemble import topology_for
 from pipeline.stages.mask.auth import authenticate
 from tests.support.kafka import create_topics, read_topic, settings_for
 from tests.support.paths import ROOT
@@ -93,7 +93,7 @@ async def test_keys_added_and_revoked_while_running(broker, prefix, tmp_path):
     info = orjson.loads(added.stdout.strip().splitlines()[-1])
     key = info["api_key"]
     assert info["tenant"] == "acme" and info["key_id"] == key_hash(key)[:12]
-    workers = [stage_worker(s, Topology(s), n, broker.bootstrap) for n in ("mask", "answer")]
+    workers = [stage_worker(s, topology_for(s), n, broker.bootstrap) for n in ("mask", "answer")]
     for w in workers:
         await w.start()  # mask replays control before its first record: the key is known
     try:

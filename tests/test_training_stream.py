@@ -16,8 +16,8 @@ from aiokafka import TopicPartition
 
 from pipeline.contracts import Rollout
 from pipeline.contracts.actor import ActorActivated
-from pipeline.training.samples import TenantScope
 from pipeline.runtime.codec import encode
+from pipeline.training.samples import TenantScope
 from pipeline.training.stream import OffsetBook, staleness, weights_revision
 from pipeline.training.stream import RolloutStream as _RolloutStream
 from tests.support.kafka import create_topics, settings_for

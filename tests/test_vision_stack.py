@@ -8,14 +8,14 @@ import asyncio
 import numpy as np
 import pytest
 
+from pipeline.app.launch import stage_worker
 from pipeline.contracts import Evidence
 from pipeline.contracts.request import ChatBody, ChatMessage
 from pipeline.engines.mobilenet import MobileNetEncoder
 from pipeline.ingress import Client
 from pipeline.runtime.codec import decode
-from pipeline.app.launch import stage_worker
 from pipeline.runtime.topics import TopicNames
-from pipeline.runtime.topology import Topology
+from pipeline.app.assemble import topology_for
 from pipeline.stages.vision.describe import describe
 from tests.support.kafka import create_topics, read_topic, settings_for
 
@@ -30,7 +30,7 @@ async def test_features_are_cached_per_tenant_and_described(broker, prefix, tmp_
                       {"name": "vision"}, {"name": "answer", "class": "tests.stages:Describe"}])
     names = TopicNames(prefix)
     await create_topics(s)
-    topo = Topology(s)
+    topo = topology_for(s)
     workers = [stage_worker(s, topo, n, broker.bootstrap) for n in ("media", "vision", "answer")]
     await asyncio.gather(*(w.start() for w in workers))
 
@@ -79,7 +79,7 @@ async def test_features_are_cached_per_tenant_and_described(broker, prefix, tmp_
 def test_the_encoder_names_what_it_sees(tmp_path):
     import cv2
 
-    from pipeline.stages.media.decode import ProcessorConfig
+    from pipeline.stages.media.config import ProcessorConfig
     from pipeline.stages.media.decode import decode as decode_image
 
     enc = MobileNetEncoder(tmp_path / "models")

@@ -28,7 +28,7 @@ from pipeline.runtime.handler import Item
 from pipeline.runtime.outputs import make_producer
 from pipeline.runtime.stage_handler import ReplayMode, StageHandler
 from pipeline.runtime.topics import TopicNames
-from pipeline.runtime.topology import Topology
+from pipeline.app.assemble import topology_for
 from pipeline.stores.warehouse import QueryResult
 
 
@@ -160,7 +160,7 @@ async def replay(
     names = TopicNames(settings.topic_prefix)
     full_topic = topic if topic.startswith(settings.topic_prefix) else names(topic)
     replay_id = replay_id or f"replay-{uuid.uuid4().hex[:12]}"
-    topology = Topology(settings)
+    topology = topology_for(settings)
     decisions: list[Evidence] = []
     handler = StageHandler(topology.build(stage, policy, bootstrap), topology, names, f"replay:{replay_id}",
                            replay=ReplayMode(replay_id, shadow), on_evidence=decisions.extend)

@@ -20,7 +20,7 @@ import httpx
 from prometheus_client import Counter
 
 from pipeline.config.settings import CONFIG_ENV, Settings
-from pipeline.stores.warehouse_sink import SINK_STAGE
+from pipeline.stages.sink.warehouse import SINK_STAGE
 
 log = logging.getLogger(__name__)
 

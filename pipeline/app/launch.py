@@ -1,4 +1,10 @@
-"""Assemble workers from settings: one StageWorker per stage group, and the warehouse sink."""
+"""The workers of a group, for every way of starting the stack: in-process `llmpipe up` opens every
+group in one process, `up --processes` one `llmpipe worker <group>` child per group, and that
+command opens its one group here too (`open_group`).
+
+A group is a stage of the topology, or the sink (`SINK_STAGE`): the warehouse, its admin endpoint
+and the sink worker. The feedback worker runs in the FEEDBACK_HOST group's processes.
+"""
 
 from __future__ import annotations
 
@@ -6,14 +12,15 @@ import asyncio
 import logging
 import signal
 from collections.abc import Callable
+from contextlib import AsyncExitStack
 
 from pipeline.config.settings import Settings
 from pipeline.runtime.stage_handler import StageHandler
 from pipeline.runtime.topics import TopicNames
-from pipeline.runtime.topology import Topology, import_object
+from pipeline.runtime.topology import Topology
 from pipeline.runtime.worker import StageWorker, default_worker_id
 from pipeline.stores.warehouse import Warehouse
-from pipeline.stores.warehouse_sink import SINK_STAGE, WarehouseSink
+from pipeline.stages.sink.warehouse import SINK_STAGE, WarehouseSink
 
 log = logging.getLogger(__name__)
 
@@ -46,21 +53,47 @@ def sink_worker(settings: Settings, bootstrap: str, warehouse: Warehouse) -> Sta
                        runtime=runtime, consumer=consumer, worker_id=worker_id)
 
 
-FEEDBACK_WORKER = "pipeline.stages.feedback.stage:FeedbackWorker"
 FEEDBACK_HOST = "mask"  # the stage group whose processes also check feedback (they have its registry and masker)
 
 
 def feedback_worker(settings: Settings, bootstrap: str, admin_url: str | None) -> StageWorker:
     """The feedback worker (its own consumer group), asking the warehouse who owns a target: through
     the stack's admin endpoint when the warehouse is embedded, else directly."""
+    from pipeline.ingress.admin import warehouse_query
+    from pipeline.stages.feedback.stage import FeedbackWorker
     from pipeline.stores.owners import Owners
-    from pipeline.stores.sql_gateway import warehouse_query
 
     worker_id = settings.worker_id or default_worker_id()
     owners = Owners(warehouse_query(settings, admin_url), wait_s=settings.feedback.owner_wait_s)
-    handler = import_object(FEEDBACK_WORKER)(settings.model_copy(update={"bootstrap": bootstrap}), owners, worker_id)
+    handler = FeedbackWorker(settings.model_copy(update={"bootstrap": bootstrap}), owners, worker_id)
     return StageWorker(handler, settings, bootstrap=bootstrap, topics=handler.topics,
                        group_id=f"{settings.topic_prefix}stage.{handler.name}", worker_id=worker_id)
+
+
+async def open_group(parts: AsyncExitStack, settings: Settings, topology: Topology, group: str, bootstrap: str,
+                     admin_port: int | None, admin_token: str | None = None) -> list[StageWorker]:
+    """The workers of one group, not started; what they need is opened on `parts` (closed LIFO).
+
+    1. The sink group: the warehouse, opened and migrated (the admin endpoint answers at once); its
+       admin endpoint on 127.0.0.1:`admin_port` (none or 0: a free port), guarded by `admin_token` (none: admin_token_for(settings));
+       the sink worker.
+    2. A stage group: its stage worker; the FEEDBACK_HOST group also the feedback worker, which asks
+       the admin endpoint on `admin_port` who owns a feedback target (none: the warehouse directly).
+    """
+    from pipeline.ingress.admin import AdminServer, admin_token_for
+    from pipeline.runtime.service import serve
+    from pipeline.stores.warehouse import open_warehouse
+
+    if group == SINK_STAGE:
+        warehouse = open_warehouse(settings)
+        parts.callback(warehouse.close)
+        await asyncio.to_thread(warehouse.migrate)
+        await serve(parts, AdminServer(warehouse, admin_port or 0, admin_token or admin_token_for(settings)))
+        return [sink_worker(settings, bootstrap, warehouse)]
+    workers = [stage_worker(settings, topology, group, bootstrap)]
+    if group == FEEDBACK_HOST:
+        workers.append(feedback_worker(settings, bootstrap, f"http://127.0.0.1:{admin_port}" if admin_port else None))
+    return workers
 
 
 async def start_all(workers: list[StageWorker]) -> list[StageWorker]:

@@ -33,7 +33,9 @@ from pipeline.runtime.broker.embedded import EmbeddedBroker, free_port, private_
 from pipeline.runtime.broker.epoch import EPOCH_FILE
 from pipeline.runtime.broker.keeper import BrokerKeeper, BrokerRestart
 from pipeline.runtime.wakeup.doorbell import default_dir as default_doorbell_dir
-from pipeline.app.launch import FEEDBACK_HOST, feedback_worker, sink_worker, stage_worker, start_all
+from pipeline.app.assemble import check_policies, topology_for
+from pipeline.app.launch import open_group, start_all
+from pipeline.stages.sink.warehouse import SINK_STAGE
 from pipeline.runtime.serve.metrics import serve_metrics
 from pipeline.runtime.service import serve
 from pipeline.runtime.stack_events import publish_stack_event, stack_event
@@ -41,8 +43,7 @@ from pipeline.runtime.topics import apply_topics, repair_topics
 from pipeline.runtime.topology import Topology
 from pipeline.app.children import READY_TIMEOUT_S, STABLE_S, ChildWorkers, Restarts, StackError
 from pipeline.stores.owners import Owners
-from pipeline.stores.sql_gateway import AdminServer, admin_token_for, warehouse_query
-from pipeline.stores.warehouse import open_warehouse
+from pipeline.ingress.admin import admin_token_for, warehouse_query
 
 log = logging.getLogger(__name__)
 
@@ -126,7 +127,9 @@ async def run_stack(settings: Settings, processes: bool = False,
     async with AsyncExitStack() as parts:
         parts.callback(_forget, data_dir)  # however it ends
         settings = _with_doorbell(settings, data_dir, parts)
-        up = _Up(settings, Topology(settings), stop, on_ready)
+        topology = topology_for(settings)
+        check_policies(topology)  # a policy typo fails here, before the broker starts
+        up = _Up(settings, topology, stop, on_ready)
         broker = None
         if not settings.bootstrap:
             broker = await serve(parts, EmbeddedBroker(data_dir, settings.broker_port))
@@ -341,27 +344,23 @@ async def _cancel(task: asyncio.Task) -> None:
 
 async def _run_in_loop(up: _Up, parts: AsyncExitStack, admin_port: int, admin_token: str) -> None:
     s = up.settings
-    warehouse = open_warehouse(s)
-    parts.callback(warehouse.close)
-    await asyncio.to_thread(warehouse.migrate)
-    admin = await serve(parts, AdminServer(warehouse, admin_port, admin_token))
     metrics_url = None
     if s.metrics_port is not None:
         metrics_url = f"http://127.0.0.1:{serve_metrics(s.metrics_port, s.metrics_host)}/metrics"
-    workers = [sink_worker(s, up.bootstrap, warehouse)] + [stage_worker(s, up.topology, n, up.bootstrap)
-                                                           for n in up.stages]
-    if FEEDBACK_HOST in up.stages:
-        workers.append(feedback_worker(s, up.bootstrap, admin.url))
+    workers = []
+    for group in (SINK_STAGE, *up.stages):
+        workers += await open_group(parts, s, up.topology, group, up.bootstrap, admin_port, admin_token)
+    admin_url = f"http://127.0.0.1:{admin_port}"
     ready = asyncio.Event()
     door: list[HttpServer] = []
 
     async def announce() -> None:
         await ready.wait()
-        door.append(await HttpServer(FrontDoor(s, up.bootstrap, door_owners(s, admin.url)), s.http.host,
+        door.append(await HttpServer(FrontDoor(s, up.bootstrap, door_owners(s, admin_url)), s.http.host,
                                      s.http.port).start())
         up.door = door[0].door
         up.door.not_ready_because = up.not_ready_because
-        up.announce(admin.url, door[0].url, metrics_url)
+        up.announce(admin_url, door[0].url, metrics_url)
 
     async def close_door() -> None:  # before the stages drain: no new requests meanwhile
         _forget(s.resolved_data_dir())

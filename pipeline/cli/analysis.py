@@ -163,9 +163,9 @@ def _plan_costs(s: Any, bench: Optional[Path], system: str, since: str) -> tuple
 
     from pipeline.analysis.capacity import costs_from_bench, costs_from_capacity
     from pipeline.analysis.report import query_text, run_query, since_param
-    from pipeline.runtime.topology import Topology
+    from pipeline.app.assemble import topology_for
 
-    registry = Topology(s).topic_registry()
+    registry = topology_for(s).topic_registry()
     partitions = {name.removeprefix("stage."): spec.partitions for name, spec in registry.items()
                   if name.startswith("stage.")}
     partitions["sink"] = registry["evidence"].partitions
@@ -199,7 +199,7 @@ def cache_eval(pairs: Annotated[Path, typer.Option("--pairs", exists=True, dir_o
     from pipeline.engines.embedder import Embedder
     from pipeline.security.sealing import Keyring
     from pipeline.stages.cache.eval import evaluate, read_pairs
-    from pipeline.stages.cache.policy import CachePolicy
+    from pipeline.stages.cache.config import CachePolicy
     from pipeline.stages.cache.semantic import KEYWORD_FIELDS, NUMERIC_FIELDS, SemanticCache
     from pipeline.stores.vector_index import open_index
 
@@ -251,7 +251,7 @@ def cache_fit(pairs: Annotated[list[Path], typer.Option("--pairs", exists=True, 
     from pipeline.engines.embedder import Embedder
     from pipeline.security.sealing import Keyring
     from pipeline.stages.cache.calibration import fit
-    from pipeline.stages.cache.policy import CachePolicy
+    from pipeline.stages.cache.config import CachePolicy
     from pipeline.stages.cache.semantic import KEYWORD_FIELDS, NUMERIC_FIELDS, SemanticCache
     from pipeline.stores.vector_index import open_index
 
@@ -366,7 +366,7 @@ def profile(stage: Annotated[str, typer.Option("--stage", help="the engine stage
     if is_embedded(s.resolved_warehouse_dsn()) and info is not None:
         import httpx
 
-        from pipeline.stores.sql_gateway import admin_token_for, auth_headers
+        from pipeline.ingress.admin import admin_token_for, auth_headers
 
         r = httpx.post(f"{info.admin_url}/profile_runs", content=run.model_dump_json(), timeout=60,
                        headers={"content-type": "application/json", **auth_headers(admin_token_for(s))})

@@ -155,7 +155,7 @@ def _publish_control(bootstrap: str, prefix: str, records: list[tuple[str, Any]]
 def _query_fn(s: Settings) -> Callable[[str, dict[str, Any]], Any]:
     """Route SQL to the owner of the warehouse: the running stack's admin endpoint, or directly."""
     from pipeline.app.stack import running_stack
-    from pipeline.stores.sql_gateway import warehouse_query
+    from pipeline.ingress.admin import warehouse_query
 
     info = running_stack(s.resolved_data_dir())
     return warehouse_query(s, info.admin_url if info is not None else None)

@@ -70,11 +70,11 @@ def topics_apply(data_dir: DataDir = Path(".llmpipe"), config: ConfigFile = None
     import asyncio
 
     from pipeline.runtime.topics import apply_topics
-    from pipeline.runtime.topology import Topology
+    from pipeline.app.assemble import topology_for
 
     s = _settings(data_dir, config, bootstrap)
     bs, prefix = _stack_bootstrap(s)
-    res = asyncio.run(apply_topics(bs, prefix, Topology(s).topic_registry(), s.kafka.client_kwargs()))
+    res = asyncio.run(apply_topics(bs, prefix, topology_for(s).topic_registry(), s.kafka.client_kwargs()))
     if json:
         _print_json({"created": res.created, "existing": res.existing})
     else:
@@ -192,16 +192,17 @@ def worker(stage: Annotated[str, typer.Argument(help="stage name from the topolo
 
     # OpenCV reads its pixel cap once, at import: set it before any stage can import cv2
     os.environ.setdefault("OPENCV_IO_MAX_IMAGE_PIXELS", str(MAX_IMAGE_PIXELS))
-    from pipeline.runtime.broker.epoch import EPOCH_FILE, EpochWatch
-    from pipeline.app.launch import FEEDBACK_HOST, feedback_worker, run_until_signalled, sink_worker, stage_worker
-    from pipeline.runtime.serve.metrics import serve_metrics
-    from pipeline.runtime.topology import Topology
+    from contextlib import AsyncExitStack
+
+    from pipeline.app.assemble import check_policies, topology_for
     from pipeline.app.children import run_reported
-    from pipeline.stores.sql_gateway import AdminServer, admin_token_for
-    from pipeline.stores.warehouse import open_warehouse
-    from pipeline.stores.warehouse_sink import SINK_STAGE
+    from pipeline.app.launch import open_group, run_until_signalled
+    from pipeline.runtime.broker.epoch import EPOCH_FILE, EpochWatch
+    from pipeline.runtime.serve.metrics import serve_metrics
 
     s = _settings(data_dir, config, bootstrap)
+    topology = topology_for(s)
+    check_policies(topology)
     bs, _ = _stack_bootstrap(s)
     if s.metrics_port is not None:
         port = serve_metrics(s.metrics_port, s.metrics_host)
@@ -221,20 +222,9 @@ def worker(stage: Annotated[str, typer.Argument(help="stage name from the topolo
             await epoch.stop()
 
     async def serve_worker() -> None:
-        if stage != SINK_STAGE:
-            workers = [stage_worker(s, Topology(s), stage, bs)]
-            if stage == FEEDBACK_HOST:
-                admin_url = f"http://127.0.0.1:{s.admin_port}" if s.admin_port else None
-                workers.append(feedback_worker(s, bs, admin_url))
+        async with AsyncExitStack() as parts:
+            workers = await open_group(parts, s, topology, stage, bs, admin_port or s.admin_port)
             await run_reporting(workers)
-            return
-        wh = open_warehouse(s)
-        admin = await AdminServer(wh, admin_port or s.admin_port, admin_token_for(s)).start()
-        try:
-            await run_reporting([sink_worker(s, bs, wh)])
-        finally:
-            await admin.stop()
-            wh.close()
 
     async def run_reporting(workers) -> None:  # their broker view goes to the supervisor (`llmpipe status`)
         await run_reported(s.resolved_data_dir(), stage, workers, lambda: run_until_signalled(workers, on_started=ready))

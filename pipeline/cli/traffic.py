@@ -149,7 +149,7 @@ def mask(text: Annotated[str, typer.Option("--text", help="a sample to mask")],
          json: Json = False) -> None:
     """Mask a sample with the configured policy: the masked text and entity types (never the mapping)."""
     from pipeline.stages.mask.pii import Masker
-    from pipeline.stages.mask.stage import MaskStagePolicy
+    from pipeline.stages.mask.config import MaskStagePolicy
 
     policy = _stage_policy(_settings(data_dir, config, bootstrap), "mask", MaskStagePolicy)
     masker = Masker(policy.for_tenant(tenant))
@@ -174,7 +174,7 @@ def mask_eval(file: Annotated[Path, typer.Option("--file", exists=True, dir_okay
 
     from pipeline.stages.mask.eval import evaluate, read_sentences
     from pipeline.stages.mask.pii import Masker
-    from pipeline.stages.mask.stage import MaskStagePolicy
+    from pipeline.stages.mask.config import MaskStagePolicy
 
     policy = _stage_policy(_settings(data_dir, config, bootstrap), "mask", MaskStagePolicy)
     try:

@@ -1,5 +1,6 @@
 """The stage topology: which stages run, in what order, which class implements each, and how
-each stage's input topic is keyed."""
+each stage's input topic is keyed. The runtime knows no product stage: the assembly hands it a
+catalog (name -> "module:Class") for stages the settings name without a class."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import dataclasses
 import importlib
 import os
 import sys
+from collections.abc import Mapping
 
 from pipeline.config.settings import Settings, StageSpec
 from pipeline.contracts import RequestDoc
@@ -14,19 +16,6 @@ from pipeline.contracts.request import ANONYMOUS_TENANT
 from pipeline.runtime.errors import TopologyError
 from pipeline.runtime.stage import Stage, StageContext
 from pipeline.runtime.topics import TopicSpec, load_registry
-
-# Product stages, in pipeline order. A stage is listed here once its module exists.
-PRODUCT_STAGES: dict[str, str] = {
-    "mask": "pipeline.stages.mask.stage:MaskStage",
-    "cache": "pipeline.stages.cache.stage:CacheStage",
-    "route": "pipeline.stages.route.stage:RouteStage",
-    "admit": "pipeline.stages.admit.stage:AdmitStage",
-    "media": "pipeline.stages.media.stage:MediaStage",
-    "vision": "pipeline.stages.vision.stage:VisionStage",
-    "generate": "pipeline.stages.generate.stage:GenerateStage",
-    "postprocess": "pipeline.stages.postprocess.stage:PostprocessStage",
-}
-
 
 def import_object(path: str) -> object:
     """Resolve "package.module:Name"; the working directory is importable, as for uvicorn apps."""
@@ -46,9 +35,13 @@ def import_object(path: str) -> object:
 
 
 class Topology:
-    def __init__(self, settings: Settings, registry: dict[str, TopicSpec] | None = None) -> None:
+    def __init__(self, settings: Settings, catalog: Mapping[str, str] | None = None,
+                 registry: dict[str, TopicSpec] | None = None) -> None:
+        """`catalog`: the default stages, in order, used when `settings.stages` is empty, and the
+        class of any stage the settings name without one."""
         self.settings = settings
-        specs = settings.stages or [StageSpec(name=n) for n in PRODUCT_STAGES]
+        self.catalog = dict(catalog or {})
+        specs = settings.stages or [StageSpec(name=n) for n in self.catalog]
         self.specs: dict[str, StageSpec] = {s.name: s for s in specs}
         self.order = [s.name for s in specs]
         self.registry = registry or load_registry()
@@ -56,7 +49,7 @@ class Topology:
 
     def stage_class(self, name: str) -> type[Stage]:
         spec = self.spec(name)
-        path = spec.cls or PRODUCT_STAGES.get(name)
+        path = spec.cls or self.catalog.get(name)
         if path is None:
             raise TopologyError(f"stage {name!r} has no implementation (set `class: module:Class`)")
         obj = import_object(path)

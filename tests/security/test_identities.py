@@ -23,8 +23,8 @@ from pipeline.contracts.request import ChatBody, ChatMessage
 from pipeline.ingress.client import Client
 from pipeline.ingress.stream_follow import Ended, Piece
 from pipeline.registries.tenants import TenantRegistry, key_hash, new_api_key
-from pipeline.runtime.follow.cancels import CancelWatch
 from pipeline.runtime.codec import encode
+from pipeline.runtime.follow.cancels import CancelWatch
 from pipeline.stages.mask.auth import authenticate
 
 pytestmark = pytest.mark.integration

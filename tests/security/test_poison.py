@@ -22,8 +22,8 @@ from pathlib import Path
 import orjson
 import pytest
 
-from pipeline.runtime.wakeup.doorbell import producer_class
 from pipeline.runtime.topics import TopicNames
+from pipeline.runtime.wakeup.doorbell import producer_class
 from tests.support.kafka import read_until_quiet
 
 pytestmark = pytest.mark.integration

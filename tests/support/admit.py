@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import asyncio
 
+from pipeline.app.launch import stage_worker
 from pipeline.contracts.request import ChatBody, ChatMessage
 from pipeline.ingress import Client
-from pipeline.app.launch import stage_worker
-from pipeline.runtime.topology import Topology
+from pipeline.app.assemble import topology_for
 from tests.support.kafka import create_topics, settings_for
 from tests.support.waits import wait_until
 
@@ -24,7 +24,7 @@ def stack(tmp_path, prefix, broker, prepared_model, tenants, answer="tests.stage
 
 
 async def start(s, broker, admit_workers: int):
-    topo = Topology(s)
+    topo = topology_for(s)
     workers = [stage_worker(s.model_copy(update={"worker_id": f"a{i}"}), topo, "admit", broker.bootstrap)
                for i in range(admit_workers)] + [stage_worker(s, topo, "answer", broker.bootstrap)]
     await asyncio.gather(*(w.start() for w in workers))

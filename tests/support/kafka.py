@@ -12,7 +12,7 @@ from aiokafka import AIOKafkaProducer
 from pipeline.config.settings import Settings, StageSpec
 from pipeline.runtime.codec import encode, request_headers
 from pipeline.runtime.topics import apply_topics
-from pipeline.runtime.topology import Topology
+from pipeline.app.assemble import topology_for
 
 
 def settings_for(tmp_path: Path, prefix: str, bootstrap: str, stages: list[dict[str, Any]], **extra: Any) -> Settings:
@@ -22,7 +22,7 @@ def settings_for(tmp_path: Path, prefix: str, bootstrap: str, stages: list[dict[
 
 async def create_topics(settings: Settings) -> None:
     assert settings.bootstrap
-    await apply_topics(settings.bootstrap, settings.topic_prefix, Topology(settings).topic_registry())
+    await apply_topics(settings.bootstrap, settings.topic_prefix, topology_for(settings).topic_registry())
 
 
 async def read_topic(bootstrap: str, topic: str, count: int, timeout: float = 60,

@@ -11,8 +11,8 @@ from typing import Any
 import httpx
 
 from pipeline.config.settings import Settings, worker_config_yaml
+from pipeline.ingress.admin import ensure_admin_token, query_via_admin
 from pipeline.runtime.broker.embedded import free_port
-from pipeline.stores.sql_gateway import ensure_admin_token, query_via_admin
 from tests.support.paths import ROOT
 from tests.support.waits import wait_until
 

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Literal
 
+from pipeline.config.settings import Deployment
 from pipeline.config.tenants import RateLimits, TenantLimits
 
 WINDOW_MS = 60_000
@@ -308,3 +309,16 @@ def settle(state: TenantState, request_id: str, *, tokens: int, cost_usd: float,
     if remember_until_ms:
         state.settled[hold.decided_key] = remember_until_ms
     return hold
+
+
+def worst_case_cost(deployments: list[Deployment], tokens_in: int, max_tokens: int) -> float:
+    """The most this request can cost: generate may fall back to any of these, so the priciest."""
+    return max(((tokens_in * d.cost_per_1k_input + max_tokens * d.cost_per_1k_output) / 1000 for d in deployments),
+               default=0.0)
+
+
+def split_share(limit: int | None, partitions: int, p: int) -> int | None:
+    """Partition p's share of a global limit; the shares sum to the limit exactly."""
+    if limit is None:
+        return None
+    return limit // partitions + (1 if p < limit % partitions else 0)

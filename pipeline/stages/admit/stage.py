@@ -31,9 +31,8 @@ import time
 from collections import defaultdict
 
 from aiokafka.partitioner import DefaultPartitioner
-from pydantic import BaseModel, Field
+from pydantic import BaseModel
 
-from pipeline.config.settings import Deployment
 from pipeline.config.tenants import RateLimits, TenantLimits
 from pipeline.contracts import AdmitRelease, Evidence, RequestDoc, Response, Status
 from pipeline.contracts.admit import StateMarker
@@ -43,11 +42,12 @@ from pipeline.engines.chat_engine import as_chat, chat_prompt_len
 from pipeline.engines.tokenizer import load_chat_tokenizer
 from pipeline.registries.adapters import AdapterRegistry, refuse_adapter
 from pipeline.registries.tenants import TenantRegistry
-from pipeline.runtime.follow.changelog import ChangelogReader
 from pipeline.runtime.codec import encode
+from pipeline.runtime.follow.changelog import ChangelogReader
 from pipeline.runtime.stage import Outcome, SideEffects, SideRecord, Stage, StageContext
 from pipeline.runtime.topics import TopicNames, load_registry
 from pipeline.security.sealing import keyring_for
+from pipeline.stages.admit.config import AdmitPolicy
 from pipeline.stages.admit.idempotency import Claim, Idempotency
 from pipeline.stages.admit.policy import (
     Ask,
@@ -62,6 +62,8 @@ from pipeline.stages.admit.policy import (
     forget_settled,
     roll,
     settle,
+    split_share,
+    worst_case_cost,
 )
 from pipeline.stages.admit.request_ids import Replays, RequestIds
 from pipeline.stages.admit.state import STATE_TOPIC, AdmitState
@@ -69,30 +71,6 @@ from pipeline.stages.generate.lora.refusal import adapter_refusal
 
 log = logging.getLogger(__name__)
 
-class AdmitPolicy(BaseModel):
-    version: str = "admit-v2"
-    assumed_max_tokens: int = Field(128, ge=1, description="reserved when a request does not set max_tokens")
-    hold_grace_ms: int = Field(60_000, ge=0, description="a hold outlives its deadline by this, then settles at cost")
-    hold_without_deadline_ms: int = Field(900_000, ge=1000)
-    max_duplicate_waiters: int = Field(64, ge=0, description="duplicates of one idempotency key parked for its result")
-    restore_timeout_s: float = Field(120.0, gt=0)
-    remember_settled_ms: int = Field(600_000, ge=0, description="how long a finished request id is remembered, so "
-                                                                "a copy redelivered after a crash is not run again")
-    remember_request_ids_ms: int = Field(900_000, ge=0, description="how long a request id stays taken (another "
-                                         "record with it is a replay): longer than mask's assertion_max_age_s")
-
-
-def worst_case_cost(deployments: list[Deployment], tokens_in: int, max_tokens: int) -> float:
-    """The most this request can cost: generate may fall back to any of these, so the priciest."""
-    return max(((tokens_in * d.cost_per_1k_input + max_tokens * d.cost_per_1k_output) / 1000 for d in deployments),
-               default=0.0)
-
-
-def split_share(limit: int | None, partitions: int, p: int) -> int | None:
-    """Partition p's share of a global limit; the shares sum to the limit exactly."""
-    if limit is None:
-        return None
-    return limit // partitions + (1 if p < limit % partitions else 0)
 
 
 class AdmitStage(AdmitState, Idempotency, Replays, Stage):

@@ -9,7 +9,13 @@ import time
 from pydantic import BaseModel
 
 from pipeline.contracts import AdmitStateRecord, Response
-from pipeline.contracts.admit import Buckets, HoldRecord, IdempotencyRecord, ShareWindow, TenantTotals
+from pipeline.contracts.admit import (
+    Buckets,
+    HoldRecord,
+    IdempotencyRecord,
+    ShareWindow,
+    TenantTotals,
+)
 from pipeline.runtime.codec import decode
 from pipeline.runtime.stage import SideRecord
 from pipeline.security.sealing import RestoreError, open_sealed, seal

@@ -65,7 +65,8 @@ from pipeline.stages.cache.order import (
     telegraphic,
     typed_clauses,
 )
-from pipeline.stages.cache.policy import PLACEHOLDER, CachePolicy
+from pipeline.stages.cache.policy import PLACEHOLDER
+from pipeline.stages.cache.config import CachePolicy
 
 # relations that the analysers do not count as content words but that change the question, by
 # what they mean: "before" / 전에, "more" / "over" / 이상 ... (lexicon.RELATIONS)

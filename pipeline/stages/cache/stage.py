@@ -17,7 +17,7 @@ from pipeline.engines.embedder import ready_shared_embedder
 from pipeline.engines.text_analyzer import shared_analyzer
 from pipeline.runtime.stage import Outcome, Stage, StageContext
 from pipeline.security.sealing import keyring_for
-from pipeline.stages.cache.policy import CachePolicy
+from pipeline.stages.cache.config import CachePolicy
 from pipeline.stages.cache.semantic import KEYWORD_FIELDS, NUMERIC_FIELDS, Lookup, SemanticCache
 from pipeline.stores.vector_index import open_index
 
@@ -34,7 +34,7 @@ class CacheStage(Stage):
     def __init__(self, ctx: StageContext) -> None:
         super().__init__(ctx)
         self.cache: SemanticCache | None = None
-        from pipeline.runtime.topology import PRODUCT_STAGES
+        from pipeline.stages.catalog import PRODUCT_STAGES
 
         self.topology_names = [s.name for s in ctx.settings.stages] or list(PRODUCT_STAGES)
 

@@ -30,13 +30,13 @@ from pipeline.runtime.codec import decode, encode
 from pipeline.runtime.dlq import dead_letter
 from pipeline.runtime.errors import DecodeError
 from pipeline.runtime.handler import Item
-from pipeline.runtime.serve.metrics import StageMetrics
 from pipeline.runtime.outputs import Outputs
+from pipeline.runtime.serve.metrics import StageMetrics
 from pipeline.runtime.topics import TopicNames
 from pipeline.security.sealing import keyring_for
 from pipeline.stages.mask.auth import identify
+from pipeline.stages.mask.config import MaskStagePolicy
 from pipeline.stages.mask.pii import Masker
-from pipeline.stages.mask.stage import MaskStagePolicy
 from pipeline.stores.owners import Owners, owner_refusal
 
 log = logging.getLogger(__name__)

@@ -18,7 +18,13 @@ from collections.abc import Awaitable, Callable, Iterator
 from contextlib import contextmanager
 
 from pipeline.contracts import WeightEvent
-from pipeline.contracts.actor import ACTOR_ADAPTER, ActorActivated, ActorPrepared, ActorReplicaReport, ActorSpec
+from pipeline.contracts.actor import (
+    ACTOR_ADAPTER,
+    ActorActivated,
+    ActorPrepared,
+    ActorReplicaReport,
+    ActorSpec,
+)
 from pipeline.contracts.adapter import AdapterSpec
 from pipeline.engines.chat_engine import EngineError, Generation, Sampling
 from pipeline.registries.actor import ActorBook, validation_failure

@@ -10,8 +10,6 @@ import statistics
 import time
 from dataclasses import dataclass, field
 
-from pydantic import BaseModel, Field
-
 from pipeline.config.settings import Deployment
 from pipeline.contracts import Evidence, RequestDoc, Response, Usage
 from pipeline.contracts.adapter import AdapterSpec
@@ -19,27 +17,13 @@ from pipeline.contracts.request import GenerationSection
 from pipeline.engines.chat_engine import Generation, Sampling, as_chat, chat_prompt_len
 from pipeline.registries.adapters import AdapterRegistry
 from pipeline.runtime.stage import SideRecord
-from pipeline.stages.generate.deployments import BreakerPolicy, Needs, RetryPolicy, candidates, estimated_cost
-from pipeline.stages.generate.rollouts.hooks import RolloutHooks, scorer_for
+from pipeline.stages.generate.config import (
+    GeneratePolicy,
+)
+from pipeline.stages.generate.deployments import Needs, candidates, estimated_cost
+from pipeline.stages.generate.rollouts.hooks import scorer_for
 from pipeline.stages.generate.rollouts.rewards import HookError, Scorer
 from pipeline.stages.generate.rollouts.samples import actor_revision_of
-from pipeline.stages.generate.stream import StreamPolicy
-
-
-class GeneratePolicy(BaseModel):
-    version: str = "generate-v2"
-    default_max_tokens: int = Field(128, ge=1)
-    max_tokens_cap: int = Field(512, ge=1)
-    prefer: list[str] = Field(default_factory=list, description="deployment order when route names none")
-    retry: RetryPolicy = Field(default_factory=RetryPolicy)
-    breaker: BreakerPolicy = Field(default_factory=BreakerPolicy)
-    adapter_token_budget: int = Field(2048, ge=1, description="tokens (prompt + max_tokens) one adapter may have "
-                                                              "in the engine while another adapter's requests wait")
-    adapter_reserve_slots: int = Field(2, ge=0, description="LoRA engines: slots kept for an adapter with nothing "
-                                                            "running, so a burst cannot take them all")
-    stream: StreamPolicy = Field(default_factory=StreamPolicy, description="how streamed answers are coalesced")
-    rollout_hooks: RolloutHooks = Field(default_factory=RolloutHooks, description="the verifier and reward hooks "
-                                        "a rollout request may name, and their arguments' bounds")
 
 
 def sampling_for(doc: RequestDoc, policy: GeneratePolicy) -> Sampling:

@@ -10,9 +10,8 @@ import random
 from dataclasses import dataclass, replace
 from typing import Literal
 
-from pydantic import BaseModel
-
 from pipeline.config.settings import Deployment
+from pipeline.stages.generate.config import BreakerPolicy, RetryPolicy
 
 __all__ = ["Deployment"]  # configured in settings; re-exported for the policy's callers
 
@@ -84,15 +83,6 @@ RETRYABLE = {"connection_refused", "connection_reset", "timeout", "overloaded", 
 NON_RETRYABLE = {"context_too_long", "invalid_request", "content_policy", "unauthorized", "adapter_unavailable"}
 
 
-class RetryPolicy(BaseModel):
-    # an HTTP deployment: the attempt's limit; in-process vLLM: how long the whole engine may produce
-    # nothing before the attempt fails (it is otherwise bounded by the deadline: a busy engine is no failure)
-    attempt_timeout_ms: int = 30_000
-    backoff_base_ms: int = 200
-    backoff_max_ms: int = 5_000
-    fallback_reserve_ms: int = 2_000
-    max_attempts: int = 3
-
 
 @dataclass(frozen=True)
 class NextStep:
@@ -129,11 +119,6 @@ def next_step(error_class: str, *, request_id: str, attempt: int, remaining_ms: 
 
 # ---- circuit breaker ---------------------------------------------------------------------------
 
-
-class BreakerPolicy(BaseModel):
-    failures_to_open: int = 5
-    window_ms: int = 30_000
-    cooldown_ms: int = 15_000
 
 
 @dataclass(frozen=True)

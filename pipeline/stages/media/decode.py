@@ -16,13 +16,14 @@ import time
 from dataclasses import dataclass
 
 import numpy as np
-from pydantic import BaseModel, Field
 
 from pipeline.config.settings import MAX_IMAGE_PIXELS as DEFAULT_MAX_PIXELS
 
 os.environ.setdefault("OPENCV_IO_MAX_IMAGE_PIXELS", str(DEFAULT_MAX_PIXELS))
 
 import cv2  # noqa: E402
+
+from pipeline.stages.media.config import ProcessorConfig
 
 
 class DecodeError(Exception):
@@ -31,15 +32,6 @@ class DecodeError(Exception):
         self.error_class = error_class
         self.reason = reason
 
-
-class ProcessorConfig(BaseModel):
-    """How pixels become the encoder's input; its revision names the result in caches and evidence."""
-
-    revision: str = "rgb224-imagenet-v1"
-    size: int = Field(224, ge=16, description="the shorter side is resized to this, then centre-cropped square")
-    mean: tuple[float, float, float] = (0.485, 0.456, 0.406)
-    std: tuple[float, float, float] = (0.229, 0.224, 0.225)
-    max_pixels: int = Field(DEFAULT_MAX_PIXELS, ge=1, description="width x height above this is refused unread")
 
 
 @dataclass(frozen=True)

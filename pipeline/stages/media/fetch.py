@@ -18,9 +18,9 @@ from dataclasses import dataclass
 from urllib.parse import urljoin
 
 import httpx
-from pydantic import BaseModel, Field
 
-from pipeline.stages.media.guard import FetchRules, Refusal, Target, vet_address, vet_url
+from pipeline.stages.media.config import FetchLimits, FetchRules
+from pipeline.stages.media.guard import Refusal, Target, vet_address, vet_url
 
 REDIRECTS = {301, 302, 303, 307, 308}
 # Building an SSL context costs ~17 ms (the CA bundle is parsed): once per process, not per fetch.
@@ -28,12 +28,6 @@ _TLS = ssl.create_default_context()
 MAGIC = [(b"\xff\xd8\xff", "jpeg"), (b"\x89PNG\r\n\x1a\n", "png"), (b"GIF87a", "gif"), (b"GIF89a", "gif"),
          (b"BM", "bmp")]
 
-
-class FetchLimits(BaseModel):
-    max_bytes: int = Field(10 << 20, ge=1)
-    connect_timeout_s: float = Field(3.0, gt=0)
-    read_timeout_s: float = Field(5.0, gt=0, description="between two reads")
-    total_timeout_s: float = Field(10.0, gt=0, description="the whole fetch, redirects included")
 
 
 class FetchError(Exception):

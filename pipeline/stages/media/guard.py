@@ -19,26 +19,13 @@ import socket
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
-from pydantic import BaseModel, Field
+from pipeline.stages.media.config import FetchRules
 
 IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
 _NUMERIC_HOST = re.compile(r"^(0x[0-9a-f]*|[0-9]+)(\.(0x[0-9a-f]*|[0-9]*))*\.?$", re.IGNORECASE)
 _NAT64 = ipaddress.ip_network("64:ff9b::/96")
 _NAT64_LOCAL = ipaddress.ip_network("64:ff9b:1::/48")
 
-
-class FetchRules(BaseModel):
-    """What media may fetch. Production defaults never allow a loopback or private address."""
-
-    schemes: list[str] = Field(default_factory=lambda: ["https", "http"])
-    ports: list[int] = Field(default_factory=lambda: [80, 443], description="ports allowed for any host")
-    tenant_domains: dict[str, list[str]] = Field(
-        default_factory=dict, description="tenant -> domains it may fetch from (a leading dot allows subdomains); "
-                                          "a tenant not listed may fetch any public host")
-    test_allow: list[str] = Field(default_factory=list,
-                                  description="TEST ONLY: `ip:port` endpoints exempt from the address rules "
-                                              "(the local test image server); empty in production")
-    max_redirects: int = Field(3, ge=0)
 
 
 @dataclass(frozen=True)

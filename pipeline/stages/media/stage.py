@@ -17,14 +17,15 @@ import logging
 import re
 
 import numpy as np
-from pydantic import BaseModel, Field
 
 from pipeline.contracts import RequestDoc, Response, Status
 from pipeline.contracts.request import ImageInfo, MediaSection
 from pipeline.runtime.stage import Outcome, Stage, StageContext
-from pipeline.stages.media.decode import DecodeError, ProcessorConfig, decode
-from pipeline.stages.media.fetch import FetchError, FetchLimits, fetch_image, sniff
-from pipeline.stages.media.guard import FetchRules
+from pipeline.stages.media.config import (
+    MediaPolicy,
+)
+from pipeline.stages.media.decode import DecodeError, decode
+from pipeline.stages.media.fetch import FetchError, fetch_image, sniff
 from pipeline.stores.blob_store import SCHEME, BlobError, LocalBlobStore, tenant_key
 
 log = logging.getLogger(__name__)
@@ -34,13 +35,6 @@ _DATA_URL = re.compile(r"^data:([a-z0-9.+-]+/[a-z0-9.+-]+)?(;[a-z0-9=-]+)*;base6
 REJECTED = {"fetch_refused", "too_large", "too_many_pixels", "unsupported_format", "decode_error", "blob_forbidden",
             "blob_not_found", "too_many_images"}
 
-
-class MediaPolicy(BaseModel):
-    version: str = "media-v1"
-    rules: FetchRules = Field(default_factory=FetchRules)
-    limits: FetchLimits = Field(default_factory=FetchLimits)
-    processor: ProcessorConfig = Field(default_factory=ProcessorConfig)
-    max_images: int = Field(8, ge=1)
 
 
 class MediaError(Exception):

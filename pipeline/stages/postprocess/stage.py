@@ -10,9 +10,9 @@ from pipeline.contracts.response import Usage
 from pipeline.engines.embedder import Embedder, ready_shared_embedder
 from pipeline.runtime.stage import Outcome, SideRecord, StageContext, ThreadedStage
 from pipeline.security.sealing import RestoreError, keyring_for, open_sealed, unmask
-from pipeline.stages.cache.policy import CachePolicy
+from pipeline.stages.cache.config import CachePolicy
 from pipeline.stages.cache.semantic import put_record
-from pipeline.stages.postprocess.policy import PostprocessPolicy
+from pipeline.stages.postprocess.config import PostprocessPolicy
 from pipeline.stages.postprocess.schema import schema_violation
 
 

@@ -18,8 +18,20 @@ from pipeline.registries.adapters import AdapterRegistry
 from pipeline.runtime.stage import Outcome, Stage, StageContext
 from pipeline.stages.cache.policy import cache_text
 from pipeline.stages.cache.semantic import reused_vector
-from pipeline.stages.route.experiments import assign, experiment_fields, experiment_for, with_variant
-from pipeline.stages.route.policy import DeviceFlags, RoutePolicy, choose_route, place, score_routes, update_flags
+from pipeline.stages.route.config import RoutePolicy
+from pipeline.stages.route.experiments import (
+    assign,
+    experiment_fields,
+    experiment_for,
+    with_variant,
+)
+from pipeline.stages.route.policy import (
+    DeviceFlags,
+    choose_route,
+    place,
+    score_routes,
+    update_flags,
+)
 
 
 def route_text(doc: RequestDoc) -> str:

@@ -14,23 +14,14 @@ import time
 from dataclasses import dataclass, field
 
 import numpy as np
-from pydantic import BaseModel, Field
 
 from pipeline.contracts import RequestDoc, Response, Status
 from pipeline.contracts.request import ImageFeatures, VisionSection
 from pipeline.runtime.stage import Outcome, Stage, StageContext
+from pipeline.stages.vision.config import VisionPolicy
 from pipeline.stages.vision.describe import TEMPLATES, describe, with_description
 from pipeline.stores.blob_store import BlobError, LocalBlobStore, tenant_key
 from pipeline.stores.feature_cache import FeatureCache, feature_key
-
-
-class VisionPolicy(BaseModel):
-    version: str = "vision-v1"
-    batch_size: int = Field(16, ge=1, description="records per micro-batch")
-    max_wait_ms: int = Field(5, ge=0, description="how long a micro-batch waits to fill")
-    top_k: int = Field(3, ge=1, le=10)
-    template_revision: str = Field("img-desc-v1", description="one of TEMPLATES")
-    threads: int = Field(1, ge=1, description="onnxruntime intra-op threads")
 
 
 class VisionStage(Stage):

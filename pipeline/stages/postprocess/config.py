@@ -3,12 +3,13 @@ how a shadow hit is judged. Generate reads the same policy to un-mask what it st
 
 from __future__ import annotations
 
-from pydantic import BaseModel, Field
+from pydantic import Field
 
-from pipeline.stages.cache.policy import CachePolicy
+from pipeline.config.policy import PolicyModel
+from pipeline.stages.cache.config import CachePolicy
 
 
-class PostprocessPolicy(BaseModel):
+class PostprocessPolicy(PolicyModel):
     version: str = "postprocess-v1"
     unmask: bool = True
     tenant_unmask: dict[str, bool] = Field(default_factory=dict)

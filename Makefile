@@ -11,7 +11,7 @@ STAMP := $(VENV)/.installed-$(shell sha1sum pyproject.toml | cut -c1-12)
 DEMO_DIR ?= .llmpipe/demo
 DEMO_CONFIG ?= examples/demo.yaml
 
-.PHONY: install test test-fast demo schemas bench deploy-tools clean
+.PHONY: install lint test test-fast demo schemas bench deploy-tools clean
 
 $(STAMP): pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -34,13 +34,18 @@ deploy-tools:
 	  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq docker-compose >/dev/null) \
 	  || echo "warning: could not install docker-compose; the compose validation test will say why" >&2; }
 
+# ruff (rules and reasons in pyproject.toml) and mypy on contracts/, config/ and runtime/.
+lint: install
+	$(VENV)/bin/ruff check pipeline tests bench
+	$(VENV)/bin/mypy
+
 # Two xdist workers: the host idles half of a one-worker run (tests/support/workers.py groups the tests).
-test: install deploy-tools
+test: install lint deploy-tools
 	OMP_NUM_THREADS=1 $(PY) -m pytest -q -p no:cacheprovider -n 2 --dist loadgroup --no-loadscope-reorder --durations=40
 
 # Markers come from tests/conftest.py (fixtures that need a broker, stack or model; its MARKED list);
 # in this lane a guard fails any test that still starts a broker, a stack, vLLM or a model.
-test-fast: install
+test-fast: install lint
 	OMP_NUM_THREADS=1 $(PY) -m pytest -q -p no:cacheprovider -m "not integration and not model" --durations=15
 
 # The main job: the embedded stack on the bundled traffic (examples/demo_traffic.jsonl) through the

@@ -68,7 +68,7 @@ def cpu_by_owner(before: dict[int, tuple[int, int]], after: dict[int, tuple[int,
     (the generate worker's vLLM engine-core processes count as generate)."""
     hz = os.sysconf("SC_CLK_TCK")
     out: dict[str, float] = {}
-    for pid, (ppid, ticks) in after.items():
+    for pid, (_ppid, ticks) in after.items():
         owner, p = None, pid
         for _ in range(50):
             if p in owners:

@@ -41,6 +41,7 @@ from rich.table import Table  # noqa: E402
 
 from bench._common import CpuWindow, pct, print_result  # noqa: E402
 from bench.runtime_bench import WorkerProc, create_topics, fmt, paced, run_worker_until  # noqa: E402
+from pipeline.app.assemble import topology_for  # noqa: E402
 from pipeline.app.launch import stage_worker  # noqa: E402
 from pipeline.config.settings import Settings  # noqa: E402
 from pipeline.contracts import AdmitRelease, ReplyTo, RequestDoc  # noqa: E402
@@ -51,8 +52,6 @@ from pipeline.engines.model_prep import prepare  # noqa: E402
 from pipeline.runtime.broker.embedded import EmbeddedBroker  # noqa: E402
 from pipeline.runtime.codec import encode, request_headers  # noqa: E402
 from pipeline.runtime.topics import TopicNames  # noqa: E402
-
-from pipeline.app.assemble import topology_for  # noqa: E402
 
 DECISIONS_TARGET = 5_000.0
 P99_TARGET_MS = 10.0

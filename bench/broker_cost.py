@@ -32,8 +32,8 @@ from rich.table import Table
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from pipeline.runtime.broker.embedded import EmbeddedBroker  # noqa: E402
-from pipeline.runtime.topics import TopicSpec, apply_topics  # noqa: E402
+from pipeline.runtime.broker.embedded import EmbeddedBroker
+from pipeline.runtime.topics import TopicSpec, apply_topics
 
 console = Console()
 VALUE = os.urandom(1024)

@@ -169,7 +169,8 @@ def show(result: dict[str, Any]) -> None:
             if sc is None:
                 cells.append("")
             elif sc["same"]:
-                cells.append(f"{sc['hits'] - sc['false_hits']}/{sc['same']}" + (f" FH {sc['false_hits']}" if sc["false_hits"] else ""))
+                false_hits = f" FH {sc['false_hits']}" if sc["false_hits"] else ""
+                cells.append(f"{sc['hits'] - sc['false_hits']}/{sc['same']}{false_hits}")
             else:
                 cells.append(f"[red]FH {sc['false_hits']}[/red]/{sc['pairs']}" if sc["false_hits"] else f"0/{sc['pairs']}")
         k.add_row(kind, *cells)

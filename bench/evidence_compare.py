@@ -27,9 +27,9 @@ import tempfile
 import time
 import urllib.request
 from collections import Counter
+from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
 from pathlib import Path
-from typing import Iterator
 
 import yaml
 
@@ -63,7 +63,7 @@ def run_demo(checkout: Path, data_dir: Path, config: Path, rate: float, concurre
 @contextmanager
 def mock_upstream() -> Iterator[str]:
     sys.path.insert(0, str(ROOT))
-    from pipeline.runtime.broker.embedded import free_port  # noqa: E402  (bench scripts run from the repo root)
+    from pipeline.runtime.broker.embedded import free_port
 
     port = free_port()
     proc = subprocess.Popen([sys.executable, str(ROOT / "bench" / "mock_upstream.py"), "--port", str(port)])

@@ -256,7 +256,8 @@ def main_table(a: dict[str, Any], b: dict[str, Any], ratio: float | None, n: int
 
 
 def stage_table(b: dict[str, Any]) -> Table:
-    t = Table(width=min(console.width, 120), title="(b) per stage (ms): queue = input record ts -> processing start; service = processing")
+    t = Table(width=min(console.width, 120),
+              title="(b) per stage (ms): queue = input record ts -> processing start; service = processing")
     idle = b["idle_stack_cpu"]
 
     def top(d: dict[str, float]) -> str:

@@ -80,7 +80,7 @@ async def wait_http(url: str, timeout: float, proc: subprocess.Popen | None = No
                 async with s.get(url, timeout=aiohttp.ClientTimeout(total=2)) as r:
                     if r.status < 500:
                         return
-            except (aiohttp.ClientError, asyncio.TimeoutError):
+            except (TimeoutError, aiohttp.ClientError):
                 pass
             await asyncio.sleep(0.3)
     raise RuntimeError(f"{url} not up within {timeout:.0f}s")
@@ -225,7 +225,7 @@ async def offer(session: aiohttp.ClientSession, system: System, rate: float, sec
                                     timeout=aiohttp.ClientTimeout(total=timeout_s)) as r:
                 await r.read()
                 shot.status = r.status
-        except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
+        except (TimeoutError, aiohttp.ClientError) as exc:
             shot.error = type(exc).__name__
         shot.done = time.perf_counter()
 
@@ -338,7 +338,7 @@ async def run_system(system: System, rates: list[float], seconds: float, mock_pi
 def added(rows: dict[str, list[dict[str, Any]]]) -> None:
     """Each row gets added_p50/p99_ms: its latency minus direct's at the same rate."""
     base = {r["rate"]: r for r in rows.get("direct", [])}
-    for name, rs in rows.items():
+    for _name, rs in rows.items():
         for r in rs:
             d = base.get(r["rate"])
             for q in ("p50", "p99"):

@@ -92,7 +92,7 @@ class RssSampler:
             self.samples.append((time.monotonic(), await asyncio.to_thread(self.rss_mib)))
             await asyncio.sleep(0.5)
 
-    def start(self) -> "RssSampler":
+    def start(self) -> RssSampler:
         self._task = asyncio.create_task(self.run())
         return self
 

@@ -42,6 +42,7 @@ from rich.console import Console  # noqa: E402
 from rich.table import Table  # noqa: E402
 
 from bench._common import CpuWindow, pct, print_result  # noqa: E402
+from pipeline.app.assemble import topology_for  # noqa: E402
 from pipeline.app.launch import stage_worker  # noqa: E402
 from pipeline.config.settings import Settings, StageSpec, worker_config_yaml  # noqa: E402
 from pipeline.contracts import ReplyTo, RequestDoc  # noqa: E402
@@ -51,8 +52,6 @@ from pipeline.ingress.client import Client  # noqa: E402
 from pipeline.runtime.broker.embedded import EmbeddedBroker  # noqa: E402
 from pipeline.runtime.codec import encode, request_headers  # noqa: E402
 from pipeline.runtime.topics import TopicNames, apply_topics  # noqa: E402
-
-from pipeline.app.assemble import topology_for  # noqa: E402
 from pipeline.runtime.worker import StageWorker  # noqa: E402
 
 HOP_TARGET_MS = 5.0
@@ -102,7 +101,8 @@ class WorkerProc:
 async def latency_bench(broker: EmbeddedBroker, tmp: Path, rate: float, duration_s: float, warmup_s: float,
                         procs: bool) -> dict[str, Any]:
     prefix = f"bench{uuid.uuid4().hex[:8]}."
-    stages = [{"name": h, "class": "tests.stages:Relay"} for h in HOPS[:-1]] + [{"name": HOPS[-1], "class": "tests.stages:Answer"}]
+    stages = ([{"name": h, "class": "tests.stages:Relay"} for h in HOPS[:-1]]
+              + [{"name": HOPS[-1], "class": "tests.stages:Answer"}])
     s = make_settings(tmp / "latency", prefix, broker.bootstrap, stages)
     (tmp / "latency").mkdir(exist_ok=True)
     await create_topics(s)
@@ -165,7 +165,7 @@ async def paced(client: Client, rate: float, duration_s: float,
         try:
             fut = await client.submit(doc)
             resp = await client.wait(doc.request_id, fut, 60)
-        except Exception:  # noqa: BLE001 - counted, not fatal
+        except Exception:
             timeouts += 1
             return
         e2e = (time.perf_counter() - t0) * 1000
@@ -304,8 +304,8 @@ def latency_table(runs: list[dict[str, Any]]) -> Table:
             t.add_row(mode, h, fmt(v["queue_p50_ms"]), fmt(v["queue_p95_ms"]), fmt(v["queue_p99_ms"]),
                       fmt(v["service_p50_ms"]), fmt(v["ratio_p50_to_5ms"], 2))
             mode = ""
-        t.add_row(f"{r['answered']}/{r['sent']} ok", "e2e", fmt(r["e2e_p50_ms"]), fmt(r["e2e_p95_ms"]), fmt(r["e2e_p99_ms"]), "", "",
-                  end_section=True)
+        t.add_row(f"{r['answered']}/{r['sent']} ok", "e2e", fmt(r["e2e_p50_ms"]), fmt(r["e2e_p95_ms"]),
+                  fmt(r["e2e_p99_ms"]), "", "", end_section=True)
     return t
 
 

@@ -33,7 +33,7 @@ from rich.table import Table  # noqa: E402
 
 from bench._common import pct  # noqa: E402
 from pipeline.engines.mobilenet import MobileNetEncoder  # noqa: E402
-from pipeline.stages.media.config import FetchLimits, ProcessorConfig
+from pipeline.stages.media.config import FetchLimits, ProcessorConfig  # noqa: E402
 from pipeline.stages.media.decode import decode  # noqa: E402
 from pipeline.stages.media.fetch import fetch_image  # noqa: E402
 from pipeline.stages.media.guard import FetchRules  # noqa: E402

@@ -144,8 +144,8 @@ def test_a_tampered_adapter_is_refused_and_marked_incompatible(lora_stack):
         with pytest.raises(openai.InternalServerError) as e:
             ask(info, keys["tb"], "Say hello.", "lora-c")
         assert e.value.body["code"] == "adapter_unavailable" and "checksum mismatch" in e.value.body["message"]
-        listed = {r["name"]: r for r in last_json(llmpipe("adapters", "list", "--config", str(data_dir / "llmpipe.yaml"), "--json",
-                                                                 data_dir=data_dir))}
+        listed = {r["name"]: r for r in last_json(llmpipe("adapters", "list", "--config", str(data_dir / "llmpipe.yaml"),
+                                                                 "--json", data_dir=data_dir))}
         assert listed["lora-c"]["state"] == "incompatible"
     finally:
         shutil.move(backup, weights)
@@ -206,8 +206,8 @@ def test_a_thumbs_down_on_an_adapter_answer_is_found_by_adapter_and_actor_and_ex
         time.sleep(1)
     assert found == [{"request_id": rid}]
     out = tmp_path / "liked-not.jsonl"
-    res = llmpipe("rollouts", "export", "--from-feedback", "thumbs_up<=0", "--tenant", "ta", "--format", "jsonl", "--out", str(out),
-                  "--json", data_dir=data_dir)
+    res = llmpipe("rollouts", "export", "--from-feedback", "thumbs_up<=0", "--tenant", "ta", "--format", "jsonl",
+                  "--out", str(out), "--json", data_dir=data_dir)
     assert res.returncode == 0, res.stderr
     (row,) = [x for x in read_export(out) if x["request_id"] == rid]
     assert row["actor_revision"] == actor and row["score"] == 0.0 and len(row["generated_token_ids"]) == len(tokens)
@@ -257,8 +257,8 @@ def test_rollouts_are_sampled_scored_exported_and_their_logprobs_recompute(lora_
     exported = {}
     for fmt in ("parquet", "jsonl"):
         out = tmp_path / f"samples.{fmt}"
-        res = llmpipe("rollouts", "export", "--tenant", "plain", "--format", fmt, "--out", str(out), "--actor-revision", actor, "--json",
-                      data_dir=data_dir)
+        res = llmpipe("rollouts", "export", "--tenant", "plain", "--format", fmt, "--out", str(out),
+                      "--actor-revision", actor, "--json", data_dir=data_dir)
         assert res.returncode == 0, res.stderr
         assert last_json(res)["rows"] == 12 and last_json(res)["groups"] == 3
         exported[fmt] = {r["sample_id"]: r for r in read_export(out)}

@@ -10,6 +10,7 @@ from collections import Counter
 
 import pytest
 
+from pipeline.app.assemble import topology_for
 from pipeline.app.launch import stage_worker
 from pipeline.contracts import Evidence
 from pipeline.engines.chat_engine import chat_prompt_ids
@@ -17,7 +18,6 @@ from pipeline.engines.tokenizer import load_chat_tokenizer
 from pipeline.ingress import Client
 from pipeline.runtime.codec import decode
 from pipeline.runtime.topics import TopicNames
-from pipeline.app.assemble import topology_for
 from tests.support.admit import body, burst, stack
 from tests.support.kafka import create_topics, read_topic
 from tests.support.procs import Proc

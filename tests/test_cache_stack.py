@@ -10,6 +10,7 @@ import sys
 import pytest
 from aiokafka import AIOKafkaProducer
 
+from pipeline.app.assemble import topology_for
 from pipeline.app.launch import stage_worker
 from pipeline.contracts import Evidence
 from pipeline.contracts.request import ChatBody, ChatMessage
@@ -17,7 +18,6 @@ from pipeline.engines.embedder import Embedder
 from pipeline.ingress import Client
 from pipeline.runtime.codec import decode, encode
 from pipeline.runtime.topics import TopicNames
-from pipeline.app.assemble import topology_for
 from pipeline.security.sealing import keyring_for
 from pipeline.stages.cache.config import CachePolicy
 from pipeline.stages.cache.semantic import put_record

@@ -8,7 +8,8 @@ from pipeline.engines.chat_engine import chat_prompt_ids, chat_prompt_len
 
 CASES = [
     [{"role": "user", "content": "Hello there"}],
-    [{"role": "system", "content": "You are terse."}, {"role": "user", "content": "Summarise: 결제 내역을 보여 주세요 <PERSON_1>님"}],
+    [{"role": "system", "content": "You are terse."},
+     {"role": "user", "content": "Summarise: 결제 내역을 보여 주세요 <PERSON_1>님"}],
     [{"role": "user", "content": "a" * 3000}, {"role": "assistant", "content": "ok\n\n  spaced  "},
      {"role": "user", "content": "<|im_start|> literal markers and émojis 🚀"}],
     [{"role": "user", "content": ""}],

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from datetime import UTC
 from pathlib import Path
 
 import orjson
@@ -126,12 +127,12 @@ def test_processes_mode_replay_by_time_and_live_replay(tmp_path):
         belled = {int(p.name.split("-")[0]) for p in bells.rglob("*.sock")}
         assert {info["pids"][k] for k in ("worker:classify", "worker:answer", "supervisor")} <= belled
         import time
-        from datetime import datetime, timezone
+        from datetime import datetime
 
         for p in ("early one", "early two"):
             assert llmpipe("submit", "--prompt", p, data_dir=tmp_path).returncode == 0
         time.sleep(1.0)
-        cut = datetime.now(timezone.utc).isoformat()
+        cut = datetime.now(UTC).isoformat()
         time.sleep(0.2)
         for p in ("late one", "late two", "late three"):
             assert llmpipe("submit", "--prompt", p, data_dir=tmp_path).returncode == 0

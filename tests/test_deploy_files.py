@@ -838,7 +838,7 @@ def test_k8s_builtin_kinds_match_kubernetes_schemas():
     import kubernetes_validate
 
     validated = 0
-    for rel, docs in k8s_manifests().items():
+    for _rel, docs in k8s_manifests().items():
         for doc in docs:
             if doc["apiVersion"].startswith("keda.sh/"):
                 continue  # CRD: checked by k8s_problems

@@ -157,8 +157,8 @@ def test_http_failures_map_to_retryable_or_not():
 def test_example_configs_validate_with_their_stage_policies(monkeypatch):
     from pathlib import Path
 
-    from pipeline.config.settings import load_settings
     from pipeline.app.assemble import topology_for
+    from pipeline.config.settings import load_settings
 
     monkeypatch.delenv("LLMPIPE_CONFIG", raising=False)  # load_settings sets it; undone after the test
     root = Path(__file__).resolve().parents[1]

@@ -15,6 +15,7 @@ from aiokafka import AIOKafkaProducer, TopicPartition
 from aiokafka import errors as kafka
 from aiokafka.structs import ConsumerRecord
 
+from pipeline.app.assemble import topology_for
 from pipeline.contracts import DlqRecord, ReplyTo, RequestDoc, Response
 from pipeline.contracts.request import ChatBody, ChatMessage
 from pipeline.runtime import errors
@@ -23,7 +24,6 @@ from pipeline.runtime.dlq import MAX_KEPT_BYTES, dead_letter, redact_key
 from pipeline.runtime.handler import Item
 from pipeline.runtime.stage_handler import StageHandler
 from pipeline.runtime.topics import TopicNames
-from pipeline.app.assemble import topology_for
 from pipeline.runtime.worker import StageWorker
 from tests.support.kafka import settings_for
 

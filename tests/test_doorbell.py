@@ -13,11 +13,11 @@ from pathlib import Path
 import pytest
 from aiokafka import AIOKafkaProducer
 
+from pipeline.app.assemble import topology_for
 from pipeline.app.launch import stage_worker
 from pipeline.ingress import Client
 from pipeline.runtime.codec import encode, request_headers
 from pipeline.runtime.topics import TopicNames
-from pipeline.app.assemble import topology_for
 from pipeline.runtime.wakeup import doorbell
 from pipeline.runtime.wakeup.doorbell import Bell, Ringer, default_dir, topic_dir
 from tests.support.kafka import create_topics, settings_for

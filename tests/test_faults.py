@@ -62,7 +62,7 @@ class Load:
             sent = time.monotonic()
             self.results.append((sent, *chat(self.url, self.key)))
 
-    def __enter__(self) -> "Load":
+    def __enter__(self) -> Load:
         for t in self._threads:
             t.start()
         return self
@@ -95,7 +95,7 @@ def until_ok(url: str, key: str, t0: float, within_s: float) -> float:
 
 def assert_every_caller_told_the_truth(results) -> None:
     assert results
-    for sent, status, code, seconds in results:
+    for _sent, status, code, seconds in results:
         assert status in (200, 503, 504), (status, code)  # never a bare 500, never a dropped connection
         assert seconds <= TIMEOUT_S + GRACE_S + SLACK_S, (status, code, seconds)
 

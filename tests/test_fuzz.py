@@ -27,13 +27,13 @@ from aiokafka import AIOKafkaProducer
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from pipeline.app.assemble import topology_for
 from pipeline.app.launch import stage_worker
 from pipeline.contracts import DlqRecord, Response
 from pipeline.ingress.http import FrontDoor
 from pipeline.registries.tenants import key_hash, new_api_key
 from pipeline.runtime.codec import decode
 from pipeline.runtime.topics import TopicNames
-from pipeline.app.assemble import topology_for
 from tests.support.kafka import create_topics, read_topic, settings_for
 
 pytestmark = pytest.mark.integration
@@ -76,7 +76,7 @@ class FuzzStack:
         for w in reversed(self.workers):
             await w.stop()
 
-    def __enter__(self) -> "FuzzStack":
+    def __enter__(self) -> FuzzStack:
         self.thread.start()
         self.call(self._start(), 180)
         return self

@@ -25,6 +25,7 @@ import orjson
 import pytest
 import pytest_asyncio
 
+from pipeline.app.assemble import topology_for
 from pipeline.app.launch import stage_worker
 from pipeline.config.settings import Settings
 from pipeline.contracts import BreakerUpdate, ControlRecord, Evidence, Response
@@ -43,7 +44,6 @@ from pipeline.ingress import Client
 from pipeline.runtime.broker.embedded import free_port
 from pipeline.runtime.codec import decode
 from pipeline.runtime.topics import TopicNames
-from pipeline.app.assemble import topology_for
 from pipeline.stages.generate.stage import GenerateStage
 from tests.support.kafka import create_topics, read_topic, settings_for
 from tests.support.upstream import Upstream, mock_upstream

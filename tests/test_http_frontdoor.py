@@ -261,8 +261,9 @@ def test_no_api_key_rests_on_any_topic(door):
     awaited = {"requests": ours, "stage.cache": ours, "stage.route": ours, "responses": ours, "evidence": ours,
                "admit.state": ours, "dlq": dead_letter_of_poison}
     for topic, want in awaited.items():
-        records = poll(lambda: _Records(asyncio.run(read_until_quiet(bootstrap, prefix + topic, quiet_s=1, timeout=15))),
-                       lambda recs: any(want(rec) for rec in recs), 60, f"{topic}: a record this test caused")
+        records = poll(lambda topic=topic: _Records(asyncio.run(read_until_quiet(bootstrap, prefix + topic, quiet_s=1,
+                                                                                timeout=15))),
+                       lambda recs, want=want: any(want(rec) for rec in recs), 60, f"{topic}: a record this test caused")
         blob = b"".join(_bytes_of(rec) for rec in records)
         leaked = [t for t, k in keys.items() if k.encode() in blob]
         assert not leaked, (topic, leaked)

@@ -95,7 +95,8 @@ def test_the_sealed_mapping_restores_exactly_and_only_for_its_request(masker, tm
     text = "홍길동님, 010-1234-5678 또는 hong@example.com 으로 연락주세요"
     masked, result = mask_document(_doc(text), masker, ring)
     sec = masked.masking
-    assert sec is not None and sec.decision == "masked" and sec.entity_counts == {"PERSON": 1, "PHONE_NUMBER": 1, "EMAIL_ADDRESS": 1}
+    assert sec is not None and sec.decision == "masked"
+    assert sec.entity_counts == {"PERSON": 1, "PHONE_NUMBER": 1, "EMAIL_ADDRESS": 1}
     assert "010-1234-5678" not in masked.model_dump_json() and "hong@" not in masked.model_dump_json()
     mapping = open_sealed(sec.restore_token, "req-1", ring)
     assert unmask(masked.body.messages[0].content, mapping) == text

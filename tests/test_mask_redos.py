@@ -94,7 +94,7 @@ def test_each_project_recognizer_is_fast_on_max_size_pathological_input(rec: Pat
     slow = {}
     for name, text in PATHOLOGICAL.items():
         assert len(text) == MAX
-        took = best_of_3(lambda: rec.analyze(text, rec.supported_entities))
+        took = best_of_3(lambda text=text: rec.analyze(text, rec.supported_entities))
         if took >= LINEAR_BOUND_S:
             slow[name] = round(took * 1000, 1)
     assert not slow, f"{rec.name} took ms: {slow}"
@@ -113,7 +113,7 @@ def test_windows_cover_the_text_with_overlap(text):
     spans = list(windows(text))
     assert spans[0][0] == 0 and spans[-1][1] == len(text)
     assert all(end - start <= WINDOW_CHARS for start, end in spans)
-    for (s1, e1), (s2, e2) in zip(spans, spans[1:]):
+    for (s1, e1), (s2, _e2) in zip(spans, spans[1:]):
         assert s1 < s2 and e1 - s2 >= WINDOW_OVERLAP
 
 

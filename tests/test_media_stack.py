@@ -11,13 +11,13 @@ from collections import Counter
 import numpy as np
 import pytest
 
+from pipeline.app.assemble import topology_for
 from pipeline.app.launch import stage_worker
 from pipeline.contracts import Evidence
 from pipeline.contracts.request import ChatBody, ChatMessage
 from pipeline.ingress import Client
 from pipeline.runtime.codec import decode
 from pipeline.runtime.topics import TopicNames
-from pipeline.app.assemble import topology_for
 from pipeline.stores.blob_store import BlobError, LocalBlobStore
 from tests.support.kafka import create_topics, read_topic, settings_for
 from tests.support.media_servers import jpeg, png

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from pathlib import Path
 
 import pytest
 import yaml
@@ -16,8 +17,6 @@ from tests.support.cli import last_json, llmpipe
 from tests.support.waits import poll
 
 pytestmark = [pytest.mark.integration, pytest.mark.asyncio(loop_scope="session")]
-
-from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 PROMPTS = [

@@ -12,12 +12,12 @@ import orjson
 import pytest
 from aiokafka import AIOKafkaConsumer
 
+from pipeline.app.assemble import topology_for
 from pipeline.app.launch import stage_worker
 from pipeline.contracts import Evidence
 from pipeline.ingress import Client
 from pipeline.runtime.codec import decode
 from pipeline.runtime.topics import TopicNames, load_registry
-from pipeline.app.assemble import topology_for
 from tests.support.kafka import create_topics, publish, read_topic, settings_for
 from tests.support.paths import ROOT
 from tests.support.procs import Proc

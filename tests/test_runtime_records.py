@@ -9,12 +9,12 @@ import orjson
 import pytest
 from aiokafka import AIOKafkaProducer
 
+from pipeline.app.assemble import topology_for
 from pipeline.app.launch import stage_worker
 from pipeline.contracts import DlqRecord, Evidence, Response
 from pipeline.ingress import Client
 from pipeline.runtime.codec import decode
 from pipeline.runtime.topics import TopicNames
-from pipeline.app.assemble import topology_for
 from tests.stages import Answer
 from tests.support.kafka import (
     create_topics,
@@ -30,7 +30,8 @@ async def test_poison_records_land_in_dlq_and_the_stage_goes_on(broker, prefix, 
     s = settings_for(tmp_path, prefix, broker.bootstrap, [{"name": "answer", "class": "tests.stages:Answer"}])
     await create_topics(s)
     names = TopicNames(prefix)
-    async with stage_worker(s, topology_for(s), "answer", broker.bootstrap), Client(broker.bootstrap, topic_prefix=prefix) as client:
+    async with stage_worker(s, topology_for(s), "answer", broker.bootstrap), \
+            Client(broker.bootstrap, topic_prefix=prefix) as client:
         not_json = b"\xff\xfe this is { not json"
         good = client.build("fine")
         invalid = orjson.loads(client.build("x").model_dump_json())
@@ -92,7 +93,8 @@ async def test_a_request_published_by_another_kafka_client_is_answered(broker, p
     s = settings_for(tmp_path, prefix, broker.bootstrap, [{"name": "answer", "class": "tests.stages:Answer"}])
     await create_topics(s)
     names = TopicNames(prefix)
-    async with stage_worker(s, topology_for(s), "answer", broker.bootstrap), Client(broker.bootstrap, topic_prefix=prefix) as client:
+    async with stage_worker(s, topology_for(s), "answer", broker.bootstrap), \
+            Client(broker.bootstrap, topic_prefix=prefix) as client:
         doc = client.build("from librdkafka")
         fut = client._pending.setdefault(doc.request_id, asyncio.get_running_loop().create_future())
         value = orjson.dumps({"schema": "request/v1", "request_id": doc.request_id, "deadline_ms": doc.deadline_ms,
@@ -164,7 +166,8 @@ async def test_a_reply_to_the_stage_may_not_write_to_is_answered_once_and_never_
     s = settings_for(tmp_path, prefix, broker.bootstrap, [{"name": "answer", "class": "tests.stages:Answer"}])
     await create_topics(s)
     names = TopicNames(prefix)
-    async with stage_worker(s, topology_for(s), "answer", broker.bootstrap), Client(broker.bootstrap, topic_prefix=prefix) as client:
+    async with stage_worker(s, topology_for(s), "answer", broker.bootstrap), \
+            Client(broker.bootstrap, topic_prefix=prefix) as client:
         def doc(rid: str, reply: object) -> bytes:
             obj = orjson.loads(client.build("poison", request_id=rid).model_dump_json(by_alias=True))
             return orjson.dumps({**obj, "reply_to": reply})

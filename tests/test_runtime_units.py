@@ -8,12 +8,12 @@ import pytest
 from aiokafka import TopicPartition
 from prometheus_client import CollectorRegistry
 
+from pipeline.app.assemble import topology_for
 from pipeline.config.settings import RuntimeSettings, Settings, StageSpec
 from pipeline.contracts import RequestDoc
 from pipeline.runtime.flow import BoundedQueue
 from pipeline.runtime.offsets import OffsetTracker
 from pipeline.runtime.serve.metrics import StageMetrics
-from pipeline.app.assemble import topology_for
 
 TP = TopicPartition("t", 0)
 

@@ -65,8 +65,8 @@ def test_no_config_means_the_whole_product_on_the_local_model():
     """`llmpipe up` with no config file (what a newcomer runs; the product path test now runs on the
     shared stack's config): every product stage, in order, and every default route served by a
     deployment that exists."""
-    from pipeline.stages.catalog import PRODUCT_STAGES
     from pipeline.app.assemble import topology_for
+    from pipeline.stages.catalog import PRODUCT_STAGES
     from pipeline.stages.route.config import RoutePolicy
 
     s = Settings()

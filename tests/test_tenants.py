@@ -14,6 +14,7 @@ import sys
 
 import pytest
 
+from pipeline.app.assemble import topology_for
 from pipeline.app.launch import stage_worker
 from pipeline.config.tenants import TenantSpec
 from pipeline.contracts import Evidence
@@ -23,7 +24,6 @@ from pipeline.ingress import Client
 from pipeline.registries.tenants import TenantRegistry, key_hash, new_api_key
 from pipeline.runtime.codec import decode
 from pipeline.runtime.topics import TopicNames
-from pipeline.app.assemble import topology_for
 from pipeline.stages.mask.auth import authenticate
 from tests.support.kafka import create_topics, read_topic, settings_for
 from tests.support.paths import ROOT

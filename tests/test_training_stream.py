@@ -29,7 +29,7 @@ TP = TopicPartition("llmpipe.rollouts", 0)
 LAB = TenantScope.of(["lab"])
 
 
-def RolloutStream(*args, tenants: TenantScope = LAB, **kw) -> _RolloutStream:  # noqa: N802 - the class, for tenant lab
+def RolloutStream(*args, tenants: TenantScope = LAB, **kw) -> _RolloutStream:  # the class, for tenant lab
     return _RolloutStream(*args, tenants=tenants, **kw)
 
 

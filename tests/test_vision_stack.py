@@ -8,6 +8,7 @@ import asyncio
 import numpy as np
 import pytest
 
+from pipeline.app.assemble import topology_for
 from pipeline.app.launch import stage_worker
 from pipeline.contracts import Evidence
 from pipeline.contracts.request import ChatBody, ChatMessage
@@ -15,7 +16,6 @@ from pipeline.engines.mobilenet import MobileNetEncoder
 from pipeline.ingress import Client
 from pipeline.runtime.codec import decode
 from pipeline.runtime.topics import TopicNames
-from pipeline.app.assemble import topology_for
 from pipeline.stages.vision.describe import describe
 from tests.support.kafka import create_topics, read_topic, settings_for
 

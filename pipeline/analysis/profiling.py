@@ -20,7 +20,7 @@ import time
 import uuid
 from collections import defaultdict
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 
 from pipeline.contracts.profile import ProfileRun
@@ -113,7 +113,7 @@ async def profile_generate(settings, *, seconds: float, warmup_s: float, concurr
                               dtype=es.dtype, max_model_len=es.max_model_len, max_num_seqs=es.max_num_seqs,
                               profiler_dir=out_dir).start()
     sampling = Sampling(max_tokens=max_tokens, temperature=0.0)
-    started = datetime.now(timezone.utc)
+    started = datetime.now(UTC)
     try:
         say(f"warm-up {warmup_s:.0f}s")
         await closed_loop(engine, warmup_s, concurrency, sampling)

@@ -17,18 +17,18 @@ import uuid
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from typing import Any
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 
+from pipeline.app.assemble import topology_for
 from pipeline.config.settings import Settings, kafka_kwargs
 from pipeline.contracts import Evidence
 from pipeline.runtime.handler import Item
 from pipeline.runtime.outputs import make_producer
 from pipeline.runtime.stage_handler import ReplayMode, StageHandler
 from pipeline.runtime.topics import TopicNames
-from pipeline.app.assemble import topology_for
 from pipeline.stores.warehouse import QueryResult
 
 
@@ -60,7 +60,7 @@ def parse_time_ms(text: str) -> int:
     except ValueError:
         raise ReplayError(f"expected an ISO-8601 time, got {text!r}") from None
     if dt.tzinfo is None:
-        dt = dt.replace(tzinfo=timezone.utc)
+        dt = dt.replace(tzinfo=UTC)
     return int(dt.timestamp() * 1000)
 
 

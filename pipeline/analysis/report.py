@@ -7,7 +7,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -91,7 +91,7 @@ def run_query(query: Query, sql: str, params: dict[str, Any]) -> list[dict[str, 
 
 def since_param(since: datetime) -> str:
     """The `since` parameter of the shipped queries: UTC, as ClickHouse parses a DateTime64(3)."""
-    return since.astimezone(timezone.utc).strftime("%Y-%m-%d %H:%M:%S.%f")[:-3]
+    return since.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S.%f")[:-3]
 
 
 def bottleneck(capacity: list[dict[str, Any]], offered: dict[str, Any] | None) -> dict[str, Any] | None:

@@ -113,7 +113,7 @@ class ChildWorkers:
         raise StackError(f"workers not ready within {timeout_s:.0f}s: "
                          f"{[s for s in self.procs if not self.ready_file(s).exists()]}")
 
-    async def start(self) -> "ChildWorkers":
+    async def start(self) -> ChildWorkers:
         """Spawn the sink (with the admin endpoint) and every stage group; return when all consume."""
         self.logs.mkdir(parents=True, exist_ok=True)
         for stage in [SINK_STAGE, *self.stages]:
@@ -179,7 +179,7 @@ class ChildWorkers:
                 proc.send_signal(signal.SIGTERM)
         deadline = time.monotonic() + timeout_s
         for proc in self.procs.values():
-            while proc.poll() is None and time.monotonic() < deadline:
+            while proc.poll() is None and time.monotonic() < deadline:  # noqa: ASYNC110 - an exit has no event
                 await asyncio.sleep(0.05)
             if proc.poll() is None:
                 proc.kill()

@@ -19,8 +19,8 @@ from pipeline.runtime.stage_handler import StageHandler
 from pipeline.runtime.topics import TopicNames
 from pipeline.runtime.topology import Topology
 from pipeline.runtime.worker import StageWorker, default_worker_id
-from pipeline.stores.warehouse import Warehouse
 from pipeline.stages.sink.warehouse import SINK_STAGE, WarehouseSink
+from pipeline.stores.warehouse import Warehouse
 
 log = logging.getLogger(__name__)
 
@@ -75,8 +75,8 @@ async def open_group(parts: AsyncExitStack, settings: Settings, topology: Topolo
     """The workers of one group, not started; what they need is opened on `parts` (closed LIFO).
 
     1. The sink group: the warehouse, opened and migrated (the admin endpoint answers at once); its
-       admin endpoint on 127.0.0.1:`admin_port` (none or 0: a free port), guarded by `admin_token` (none: admin_token_for(settings));
-       the sink worker.
+       admin endpoint on 127.0.0.1:`admin_port` (none or 0: a free port), guarded by `admin_token`
+       (none: admin_token_for(settings)); the sink worker.
     2. A stage group: its stage worker; the FEEDBACK_HOST group also the feedback worker, which asks
        the admin endpoint on `admin_port` who owns a feedback target (none: the warehouse directly).
     """

@@ -26,24 +26,24 @@ from pathlib import Path
 
 import httpx
 
-from pipeline.config.settings import Settings
+from pipeline.app.assemble import check_policies, topology_for
+from pipeline.app.children import READY_TIMEOUT_S, STABLE_S, ChildWorkers, Restarts, StackError
 from pipeline.app.dev_key import ensure_dev_tenant
+from pipeline.app.launch import open_group, start_all
+from pipeline.config.settings import Settings
+from pipeline.ingress.admin import admin_token_for, warehouse_query
 from pipeline.ingress.http import FrontDoor, HttpServer
 from pipeline.runtime.broker.embedded import EmbeddedBroker, free_port, private_dir
 from pipeline.runtime.broker.epoch import EPOCH_FILE
 from pipeline.runtime.broker.keeper import BrokerKeeper, BrokerRestart
-from pipeline.runtime.wakeup.doorbell import default_dir as default_doorbell_dir
-from pipeline.app.assemble import check_policies, topology_for
-from pipeline.app.launch import open_group, start_all
-from pipeline.stages.sink.warehouse import SINK_STAGE
 from pipeline.runtime.serve.metrics import serve_metrics
 from pipeline.runtime.service import serve
 from pipeline.runtime.stack_events import publish_stack_event, stack_event
 from pipeline.runtime.topics import apply_topics, repair_topics
 from pipeline.runtime.topology import Topology
-from pipeline.app.children import READY_TIMEOUT_S, STABLE_S, ChildWorkers, Restarts, StackError
+from pipeline.runtime.wakeup.doorbell import default_dir as default_doorbell_dir
+from pipeline.stages.sink.warehouse import SINK_STAGE
 from pipeline.stores.owners import Owners
-from pipeline.ingress.admin import admin_token_for, warehouse_query
 
 log = logging.getLogger(__name__)
 
@@ -73,7 +73,7 @@ class StackInfo:
         tmp.replace(data_dir / STACK_FILE)
 
     @classmethod
-    def read(cls, data_dir: Path) -> "StackInfo | None":
+    def read(cls, data_dir: Path) -> StackInfo | None:
         path = data_dir / STACK_FILE
         if not path.exists():
             return None

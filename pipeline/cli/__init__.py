@@ -2,7 +2,7 @@
 
 # Importing a module registers its commands; this order is the order `llmpipe --help` lists them.
 from pipeline.cli import stack  # noqa: F401, I001
-from pipeline.cli import analysis, traffic, feedback, admin, rollouts, demo  # noqa: F401, I001
+from pipeline.cli import analysis, traffic, feedback, admin, rollouts, demo  # noqa: F401
 from pipeline.cli.actor import actor_app
 from pipeline.cli.app import app
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Optional
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
@@ -64,7 +64,7 @@ def _event(revision: str, transition: str, detail: str) -> tuple[str, WeightEven
 def actor_prepare(revision: Annotated[str, typer.Argument(help="the new actor revision, e.g. step-1200")],
                   path: Annotated[Path, typer.Option("--path", exists=True, file_okay=False, help="LoRA adapter directory")],
                   rank: Annotated[int, typer.Option("--rank", min=1)],
-                  validation: Annotated[Optional[Path], typer.Option(
+                  validation: Annotated[Path | None, typer.Option(
                       "--validation", exists=True, dir_okay=False,
                       help='JSONL of {"prompt", "expected", "match": exact|prefix|regex}: greedy answers it must give')] = None,
                   base_model: Annotated[str, typer.Option("--base-model")] = "smollm2-135m-instruct",
@@ -97,8 +97,9 @@ def actor_prepare(revision: Annotated[str, typer.Argument(help="the new actor re
 @actor_app.command("activate")
 @command
 def actor_activate(revision: Annotated[str, typer.Argument()],
-                   replicas: Annotated[Optional[int], typer.Option(
-                       "--replicas", min=1, help="generate replicas that must validate it (default: the local stack's 1)")] = None,
+                   replicas: Annotated[int | None, typer.Option(
+                       "--replicas", min=1,
+                       help="generate replicas that must validate it (default: the local stack's 1)")] = None,
                    timeout: Annotated[float, typer.Option("--timeout", help="seconds to wait for the barrier")] = 300.0,
                    data_dir: DataDir = Path(".llmpipe"), config: ConfigFile = None, bootstrap: Bootstrap = None,
                    json: Json = False) -> None:

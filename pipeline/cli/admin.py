@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any, Optional
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
@@ -30,10 +30,10 @@ if TYPE_CHECKING:
 @cache_app.command("invalidate")
 @command
 def cache_invalidate(tenant: Annotated[str, typer.Option("--tenant")],
-                     model_revision: Annotated[Optional[str], typer.Option("--model-revision")] = None,
-                     prompt_revision: Annotated[Optional[str], typer.Option("--prompt-revision")] = None,
-                     data_version: Annotated[Optional[str], typer.Option("--data-version")] = None,
-                     older_than: Annotated[Optional[str], typer.Option("--older-than", help="e.g. 30m, 2h, 7d")] = None,
+                     model_revision: Annotated[str | None, typer.Option("--model-revision")] = None,
+                     prompt_revision: Annotated[str | None, typer.Option("--prompt-revision")] = None,
+                     data_version: Annotated[str | None, typer.Option("--data-version")] = None,
+                     older_than: Annotated[str | None, typer.Option("--older-than", help="e.g. 30m, 2h, 7d")] = None,
                      data_dir: DataDir = Path(".llmpipe"), config: ConfigFile = None, bootstrap: Bootstrap = None,
                      json: Json = False) -> None:
     """Invalidate a tenant's cache entries (narrowed by revision/version/age) on every cache worker."""
@@ -73,12 +73,12 @@ def _limits_given(**given: Any) -> dict[str, Any]:
     return limits
 
 
-Rpm = Annotated[Optional[int], typer.Option("--rpm", help="requests per rolling minute")]
-Tpm = Annotated[Optional[int], typer.Option("--tpm", help="tokens per rolling minute")]
-Concurrency = Annotated[Optional[int], typer.Option("--concurrency", help="requests in flight")]
-DailyBudget = Annotated[Optional[float], typer.Option("--daily-budget", help="USD per UTC day")]
-MonthlyBudget = Annotated[Optional[float], typer.Option("--monthly-budget", help="USD per calendar month")]
-MaxQueue = Annotated[Optional[int], typer.Option("--max-queue", help="requests that may wait for a slot")]
+Rpm = Annotated[int | None, typer.Option("--rpm", help="requests per rolling minute")]
+Tpm = Annotated[int | None, typer.Option("--tpm", help="tokens per rolling minute")]
+Concurrency = Annotated[int | None, typer.Option("--concurrency", help="requests in flight")]
+DailyBudget = Annotated[float | None, typer.Option("--daily-budget", help="USD per UTC day")]
+MonthlyBudget = Annotated[float | None, typer.Option("--monthly-budget", help="USD per calendar month")]
+MaxQueue = Annotated[int | None, typer.Option("--max-queue", help="requests that may wait for a slot")]
 
 
 @tenants_app.command("add")
@@ -134,8 +134,8 @@ def tenants_set_limits(name: Annotated[str, typer.Argument(help="tenant name")],
 
 @tenants_app.command("revoke-key")
 @command
-def tenants_revoke_key(key: Annotated[Optional[str], typer.Option("--key", help="the API key", envvar="LLMPIPE_REVOKE_KEY")] = None,
-                       sha256: Annotated[Optional[str], typer.Option("--sha256", help="or its SHA-256")] = None,
+def tenants_revoke_key(key: Annotated[str | None, typer.Option("--key", help="the API key", envvar="LLMPIPE_REVOKE_KEY")] = None,
+                       sha256: Annotated[str | None, typer.Option("--sha256", help="or its SHA-256")] = None,
                        data_dir: DataDir = Path(".llmpipe"), config: ConfigFile = None, bootstrap: Bootstrap = None,
                        json: Json = False) -> None:
     """Revoke an API key on every worker; requests with it are rejected `unauthenticated`."""
@@ -205,7 +205,8 @@ def adapters_register(name: Annotated[str, typer.Argument(help="adapter name (ca
                       path: Annotated[Path, typer.Option("--path", exists=True, file_okay=False, help="adapter directory")],
                       revision: Annotated[str, typer.Option("--revision")],
                       rank: Annotated[int, typer.Option("--rank", min=1)],
-                      tenant: Annotated[Optional[list[str]], typer.Option("--tenant", help="may use it; repeatable; '*' = all")] = None,
+                      tenant: Annotated[list[str] | None,
+                                        typer.Option("--tenant", help="may use it; repeatable; '*' = all")] = None,
                       base_model: Annotated[str, typer.Option("--base-model")] = "smollm2-135m-instruct",
                       base_revision: Annotated[str, typer.Option("--base-revision")] = "",
                       data_dir: DataDir = Path(".llmpipe"), config: ConfigFile = None, bootstrap: Bootstrap = None,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
-from typing import Annotated, Any, Optional
+from typing import Annotated, Any
 
 import typer
 
@@ -32,10 +32,10 @@ from pipeline.cli.common import (
 
 @app.command()
 @command
-def sql(query: Annotated[Optional[str], typer.Argument(help="one read-only statement")] = None,
-        file: Annotated[Optional[Path], typer.Option("--file", exists=True, dir_okay=False,
+def sql(query: Annotated[str | None, typer.Argument(help="one read-only statement")] = None,
+        file: Annotated[Path | None, typer.Option("--file", exists=True, dir_okay=False,
                                                      help="read the statement from a file (e.g. a shipped query)")] = None,
-        param: Annotated[Optional[list[str]], typer.Option("--param", help="NAME=VALUE for {NAME:Type} in the "
+        param: Annotated[list[str] | None, typer.Option("--param", help="NAME=VALUE for {NAME:Type} in the "
                                                                            "query; repeatable")] = None,
         data_dir: DataDir = Path(".llmpipe"), config: ConfigFile = None, bootstrap: Bootstrap = None,
         format: Annotated[str, typer.Option("--format", help="table | json | csv")] = "table") -> None:
@@ -86,14 +86,14 @@ def sql(query: Annotated[Optional[str], typer.Argument(help="one read-only state
 def report(data_dir: DataDir = Path(".llmpipe"), config: ConfigFile = None, bootstrap: Bootstrap = None,
            since: Annotated[str, typer.Option("--since", help="a duration back from now (30m, 2h, 7d) or an ISO "
                                                            "time (UTC unless it says otherwise)")] = "24h",
-           html: Annotated[Optional[Path], typer.Option("--html", dir_okay=False,
+           html: Annotated[Path | None, typer.Option("--html", dir_okay=False,
                                                         help="also write one self-contained HTML file")] = None,
            json: Json = False) -> None:
     """The analyst report: stage latency and capacity with the bottleneck named, TTFT/TPOT/E2E, cache by
     domain, routes and cost, rejections, retries, models. Each section is a query in
     schemas/clickhouse/queries/ (rerun one with `llmpipe sql --file ... --param since=...`)."""
-    from pipeline.analysis.report import build_report
     from pipeline.analysis.render import print_report, render_html
+    from pipeline.analysis.report import build_report
 
     s = _settings(data_dir, config, bootstrap)
     doc = build_report(_query_fn(s), parse_since(since))
@@ -112,11 +112,11 @@ def report(data_dir: DataDir = Path(".llmpipe"), config: ConfigFile = None, boot
 @app.command()
 @command
 def plan(rate: Annotated[float, typer.Option("--rate", help="requests per second to plan for")],
-         bench: Annotated[Optional[Path], typer.Option("--from", exists=True, dir_okay=False,
+         bench: Annotated[Path | None, typer.Option("--from", exists=True, dir_okay=False,
                                                        help="a bench/peer_bench.py result (JSON; the last line "
                                                             "of its output): CPU per request per process")] = None,
          system: Annotated[str, typer.Option("--system", help="which system of the bench result")] = "product",
-         gpu_tok_s: Annotated[Optional[float], typer.Option("--gpu-tok-s", help="output tokens/s of one engine "
+         gpu_tok_s: Annotated[float | None, typer.Option("--gpu-tok-s", help="output tokens/s of one engine "
                                                                                "replica under continuous batching")] = None,
          tokens: Annotated[float, typer.Option("--tokens-per-request", help="output tokens per request")] = 200.0,
          utilization: Annotated[float, typer.Option("--utilization", help="planned busy share of a worker")] = 0.7,
@@ -157,7 +157,7 @@ def plan(rate: Annotated[float, typer.Option("--rate", help="requests per second
         out.print(f"note: {n}")
 
 
-def _plan_costs(s: Any, bench: Optional[Path], system: str, since: str) -> tuple[list, str]:
+def _plan_costs(s: Any, bench: Path | None, system: str, since: str) -> tuple[list, str]:
     """Measured cost per request per stage: a bench result, else the warehouse's stage_capacity query."""
     import json as jsonlib
 
@@ -198,8 +198,8 @@ def cache_eval(pairs: Annotated[Path, typer.Option("--pairs", exists=True, dir_o
 
     from pipeline.engines.embedder import Embedder
     from pipeline.security.sealing import Keyring
-    from pipeline.stages.cache.eval import evaluate, read_pairs
     from pipeline.stages.cache.config import CachePolicy
+    from pipeline.stages.cache.eval import evaluate, read_pairs
     from pipeline.stages.cache.semantic import KEYWORD_FIELDS, NUMERIC_FIELDS, SemanticCache
     from pipeline.stores.vector_index import open_index
 
@@ -289,12 +289,12 @@ def cache_fit(pairs: Annotated[list[Path], typer.Option("--pairs", exists=True, 
 @command
 def replay(topic: Annotated[str, typer.Option("--topic", help="registry name (e.g. stage.route) or full name")],
            stage: Annotated[str, typer.Option("--stage", help="stage whose policy re-decides")],
-           from_offset: Annotated[Optional[str], typer.Option("--from-offset", help="P:O[,P:O...]")] = None,
-           from_time: Annotated[Optional[str], typer.Option("--from-time", help="ISO-8601")] = None,
-           to: Annotated[Optional[str], typer.Option("--to", help="P:O[,P:O...] or ISO-8601, exclusive")] = None,
-           policy: Annotated[Optional[Path], typer.Option("--policy", exists=True, dir_okay=False, help="YAML policy")] = None,
+           from_offset: Annotated[str | None, typer.Option("--from-offset", help="P:O[,P:O...]")] = None,
+           from_time: Annotated[str | None, typer.Option("--from-time", help="ISO-8601")] = None,
+           to: Annotated[str | None, typer.Option("--to", help="P:O[,P:O...] or ISO-8601, exclusive")] = None,
+           policy: Annotated[Path | None, typer.Option("--policy", exists=True, dir_okay=False, help="YAML policy")] = None,
            shadow: Annotated[bool, typer.Option("--shadow", help="evidence only: nothing reaches callers")] = False,
-           replay_id: Annotated[Optional[str], typer.Option("--replay-id")] = None,
+           replay_id: Annotated[str | None, typer.Option("--replay-id")] = None,
            idle_ms: Annotated[int, typer.Option("--idle-ms", help="end of range when no --to: idle this long")] = 1500,
            data_dir: DataDir = Path(".llmpipe"), config: ConfigFile = None, bootstrap: Bootstrap = None,
            json: Json = False) -> None:
@@ -351,8 +351,8 @@ def profile(stage: Annotated[str, typer.Option("--stage", help="the engine stage
     from rich.table import Table
 
     from pipeline.analysis.profiling import profile_generate
-    from pipeline.contracts.profile import PROFILE_COLUMNS
     from pipeline.app.stack import running_stack
+    from pipeline.contracts.profile import PROFILE_COLUMNS
     from pipeline.stores.warehouse import is_embedded, open_warehouse
 
     if stage != "generate":

@@ -10,9 +10,10 @@ import logging
 import os
 import sys
 from collections.abc import Callable
+from datetime import UTC
 from functools import wraps
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any, Optional
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from rich.console import Console
@@ -29,8 +30,8 @@ out = Console(width=None if sys.stdout.isatty() else int(os.environ.get("COLUMNS
 err = Console(stderr=True)
 
 DataDir = Annotated[Path, typer.Option("--data-dir", help="state directory", envvar="LLMPIPE_DATA_DIR")]
-ConfigFile = Annotated[Optional[Path], typer.Option("--config", help="YAML settings (default ./llmpipe.yaml)")]
-Bootstrap = Annotated[Optional[str], typer.Option("--bootstrap", help="HOST:PORT (default: the running stack)")]
+ConfigFile = Annotated[Path | None, typer.Option("--config", help="YAML settings (default ./llmpipe.yaml)")]
+Bootstrap = Annotated[str | None, typer.Option("--bootstrap", help="HOST:PORT (default: the running stack)")]
 Json = Annotated[bool, typer.Option("--json", help="print one JSON document as the last line")]
 
 EXIT_ERROR = 1
@@ -134,8 +135,8 @@ def _publish_control(bootstrap: str, prefix: str, records: list[tuple[str, Any]]
     import asyncio
 
     from pipeline.runtime.codec import encode
-    from pipeline.runtime.wakeup.doorbell import producer_class
     from pipeline.runtime.topics import TopicNames
+    from pipeline.runtime.wakeup.doorbell import producer_class
 
     kwargs = settings.kafka.client_kwargs() if settings is not None else {}
     cls, extra = producer_class(_stack_doorbell(settings) if settings is not None else None)
@@ -162,18 +163,18 @@ def _query_fn(s: Settings) -> Callable[[str, dict[str, Any]], Any]:
 
 
 
-def parse_since(text: str) -> "datetime":
-    from datetime import datetime, timedelta, timezone
+def parse_since(text: str) -> datetime:
+    from datetime import datetime, timedelta
 
     try:
-        return datetime.now(timezone.utc) - timedelta(milliseconds=parse_duration_ms(text))
+        return datetime.now(UTC) - timedelta(milliseconds=parse_duration_ms(text))
     except CliError:
         pass
     try:
         t = datetime.fromisoformat(text)
     except ValueError:
         raise CliError(f"--since: expected a duration (30m, 2h, 7d) or an ISO time, got {text!r}") from None
-    return t if t.tzinfo else t.replace(tzinfo=timezone.utc)
+    return t if t.tzinfo else t.replace(tzinfo=UTC)
 
 
 
@@ -200,10 +201,10 @@ def _local_signer(s: Settings) -> Callable[[Any], Any] | None:
     off `requests`. A key it cannot place (issued on `control`) travels as before; mask checks
     either. None: another broker (--bootstrap), whose keyring this data dir may not have."""
     from pipeline.app.dev_key import read_dev_key
+    from pipeline.app.stack import running_stack
     from pipeline.registries.tenants import Caller, TenantRegistry, key_hash, key_id
     from pipeline.security.caller_assertion import sign
     from pipeline.security.sealing import keyring_for
-    from pipeline.app.stack import running_stack
 
     if s.bootstrap or running_stack(s.resolved_data_dir()) is None:
         return None

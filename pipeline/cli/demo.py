@@ -24,7 +24,8 @@ from pipeline.cli.common import (
 @command
 def demo(data_dir: DataDir = Path(".llmpipe/demo"),
          config: Annotated[Path, typer.Option("--config", exists=True, dir_okay=False,
-                                              help="the demo's settings (tenants get keys per run)")] = Path("examples/demo.yaml"),
+                                              help="the demo's settings (tenants get keys per run)")
+                                              ] = Path("examples/demo.yaml"),
          traffic: Annotated[Path, typer.Option("--traffic", exists=True, dir_okay=False,
                                                help="demo traffic JSONL")] = Path("examples/demo_traffic.jsonl"),
          rate: Annotated[float, typer.Option(help="requests per second offered")] = 2.5,
@@ -33,11 +34,11 @@ def demo(data_dir: DataDir = Path(".llmpipe/demo"),
     """Start the embedded stack, send the bundled traffic through the front door, print the report, stop."""
     import time as _time
 
-    from pipeline.demo.run import read_demo_traffic
-    from pipeline.demo.images import DemoImageServer
-    from pipeline.analysis.report import build_report
     from pipeline.analysis.render import render_html
+    from pipeline.analysis.report import build_report
     from pipeline.app.stack import StackError, running_stack, stop_stack
+    from pipeline.demo.images import DemoImageServer
+    from pipeline.demo.run import read_demo_traffic
 
     d = data_dir.expanduser().resolve()
     if running_stack(d):
@@ -72,9 +73,9 @@ def _start_stack(d: Path, config: Path, images_port: int):
     them, and `llmpipe up --processes` on it in the background."""
     import yaml
 
+    from pipeline.app.stack import start_detached
     from pipeline.demo.run import demo_config, demo_tenants
     from pipeline.registries.tenants import new_api_key
-    from pipeline.app.stack import start_detached
 
     keys = {t: new_api_key() for t in demo_tenants(config)}
     cfg_file = d / "demo-config.yaml"
@@ -114,8 +115,8 @@ def _wait_for_rows(query, expected: int, timeout_s: float) -> None:
 def _print_demo(doc, run, summary: dict, report_path: Path) -> None:
     from rich.table import Table
 
-    from pipeline.demo.run import MEANING, status_summary
     from pipeline.analysis.render import print_report
+    from pipeline.demo.run import MEANING, status_summary
 
     print_report(doc, out)
     t = Table("traffic", "sent", "answers (HTTP status×count, codes)", "cache hits", "what it shows",

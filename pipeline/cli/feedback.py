@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Any, Optional
+from typing import Annotated, Any
 
 import typer
 
@@ -43,19 +43,19 @@ def parse_value(text: str, metric_type: str | None) -> Any:
 @command
 def feedback(metric: Annotated[str, typer.Option("--metric", help="a metric declared in config (feedback.metrics)")],
              value: Annotated[str, typer.Option("--value", help="true/false, a number, or text, as the metric takes")],
-             request_id: Annotated[Optional[str], typer.Option("--request-id")] = None,
-             episode_id: Annotated[Optional[str], typer.Option("--episode-id")] = None,
-             feedback_id: Annotated[Optional[str], typer.Option("--feedback-id", help="idempotency: resend with "
+             request_id: Annotated[str | None, typer.Option("--request-id")] = None,
+             episode_id: Annotated[str | None, typer.Option("--episode-id")] = None,
+             feedback_id: Annotated[str | None, typer.Option("--feedback-id", help="idempotency: resend with "
                                                                                        "the same id")] = None,
-             api_key: Annotated[Optional[str], typer.Option("--api-key", envvar="LLMPIPE_API_KEY")] = None,
+             api_key: Annotated[str | None, typer.Option("--api-key", envvar="LLMPIPE_API_KEY")] = None,
              data_dir: DataDir = Path(".llmpipe"), config: ConfigFile = None, bootstrap: Bootstrap = None,
              json: Json = False) -> None:
     """Give feedback on a request or an episode. Through the running stack's front door (checked at
     once: 403 for another tenant's request), else published to `feedback` (refusals: the DLQ)."""
     import httpx
 
-    from pipeline.contracts.feedback import Feedback
     from pipeline.app.stack import running_stack
+    from pipeline.contracts.feedback import Feedback
 
     s = _settings(data_dir, config, bootstrap)
     m = s.feedback.metric(metric)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import Annotated
 
 import typer
 
@@ -24,14 +24,13 @@ from pipeline.cli.common import (
     out,
 )
 
-
-Tenants = Annotated[Optional[list[str]], typer.Option(
+Tenants = Annotated[list[str] | None, typer.Option(
     "--tenant", help="read only this tenant's samples; repeatable (or --all-tenants)")]
 AllTenants = Annotated[bool, typer.Option(
     "--all-tenants", help="read every tenant's samples: the operator's explicit choice")]
 
 
-def _scope(tenant: Optional[list[str]], all_tenants: bool):
+def _scope(tenant: list[str] | None, all_tenants: bool):
     """Whose samples to read: required, so that no read takes every tenant's rows by default."""
     from pipeline.training.samples import TenantScope
 
@@ -45,23 +44,24 @@ def _scope(tenant: Optional[list[str]], all_tenants: bool):
 @command
 def rollouts_submit(file: Annotated[Path, typer.Option("--file", exists=True, dir_okay=False, help="JSONL of prompts")],
                     n: Annotated[int, typer.Option("--n", min=1, max=64, help="samples per prompt")] = 4,
-                    actor_revision: Annotated[Optional[str], typer.Option(
+                    actor_revision: Annotated[str | None, typer.Option(
                         "--actor-revision", help="sample only from this actor revision (refused otherwise)")] = None,
-                    dataset: Annotated[Optional[str], typer.Option(
+                    dataset: Annotated[str | None, typer.Option(
                         "--dataset", help="the dataset's name (default: the file's name)")] = None,
-                    dataset_revision: Annotated[Optional[str], typer.Option(
+                    dataset_revision: Annotated[str | None, typer.Option(
                         "--dataset-revision", help="default: NAME@sha256:<digest of the file's bytes>")] = None,
                     temperature: Annotated[float, typer.Option("--temperature", min=0)] = 1.0,
                     top_p: Annotated[float, typer.Option("--top-p", min=0, max=1)] = 1.0,
                     max_tokens: Annotated[int, typer.Option("--max-tokens", min=1)] = 64,
-                    seed: Annotated[Optional[int], typer.Option("--seed", help="sample i of a prompt uses seed + i")] = None,
-                    verifier: Annotated[Optional[str], typer.Option(
+                    seed: Annotated[int | None, typer.Option("--seed", help="sample i of a prompt uses seed + i")] = None,
+                    verifier: Annotated[str | None, typer.Option(
                         "--verifier", help="exact_match (line field `expected`), regex (`pattern`), or a "
                                           "python:mod:fn the operator allows (generate's rollout_hooks)")] = None,
-                    reward: Annotated[Optional[str], typer.Option("--reward", help="verified | length_penalty | an allowed python:mod:fn")] = None,
-                    reward_arg: Annotated[Optional[list[str]], typer.Option("--reward-arg", help="NAME=NUMBER; repeatable")] = None,
+                    reward: Annotated[str | None, typer.Option(
+                        "--reward", help="verified | length_penalty | an allowed python:mod:fn")] = None,
+                    reward_arg: Annotated[list[str] | None, typer.Option("--reward-arg", help="NAME=NUMBER; repeatable")] = None,
                     concurrency: Annotated[int, typer.Option("--concurrency", min=1)] = 8,
-                    api_key: Annotated[Optional[str], typer.Option("--api-key", envvar="LLMPIPE_API_KEY")] = None,
+                    api_key: Annotated[str | None, typer.Option("--api-key", envvar="LLMPIPE_API_KEY")] = None,
                     timeout: Annotated[float, typer.Option("--timeout")] = 300.0,
                     data_dir: DataDir = Path(".llmpipe"), config: ConfigFile = None, bootstrap: Bootstrap = None,
                     json: Json = False) -> None:
@@ -97,11 +97,11 @@ def rollouts_submit(file: Annotated[Path, typer.Option("--file", exists=True, di
 @command
 def rollouts_export(out_file: Annotated[Path, typer.Option("--out", help="the file to write")],
                     format: Annotated[str, typer.Option("--format", help="parquet | jsonl")] = "parquet",
-                    actor_revision: Annotated[Optional[str], typer.Option("--actor-revision")] = None,
-                    dataset_revision: Annotated[Optional[str], typer.Option("--dataset-revision")] = None,
+                    actor_revision: Annotated[str | None, typer.Option("--actor-revision")] = None,
+                    dataset_revision: Annotated[str | None, typer.Option("--dataset-revision")] = None,
                     include_rejected: Annotated[bool, typer.Option(
                         "--include-rejected", help="also samples of rolled-back actor revisions (column `rejected`)")] = False,
-                    from_feedback: Annotated[Optional[str], typer.Option(
+                    from_feedback: Annotated[str | None, typer.Option(
                         "--from-feedback", help="METRIC[>=X]: served answers with this feedback, not rollouts")] = None,
                     tenant: Tenants = None, all_tenants: AllTenants = False,
                     data_dir: DataDir = Path(".llmpipe"), config: ConfigFile = None, bootstrap: Bootstrap = None,
@@ -139,9 +139,9 @@ def rollouts_follow(trainer: Annotated[str, typer.Option("--trainer", help="the 
                     max_staleness: Annotated[int, typer.Option(
                         "--max-staleness", min=0, help="actor activations a sample may be behind the active one")] = 1,
                     stale: Annotated[str, typer.Option("--stale", help="drop | flag")] = "drop",
-                    out_file: Annotated[Optional[Path], typer.Option(
+                    out_file: Annotated[Path | None, typer.Option(
                         "--out", help="append each batch's samples here (JSONL) before acknowledging it")] = None,
-                    max_batches: Annotated[Optional[int], typer.Option("--max-batches", min=1)] = None,
+                    max_batches: Annotated[int | None, typer.Option("--max-batches", min=1)] = None,
                     tenant: Tenants = None, all_tenants: AllTenants = False,
                     data_dir: DataDir = Path(".llmpipe"), config: ConfigFile = None, bootstrap: Bootstrap = None,
                     json: Json = False) -> None:
@@ -167,7 +167,7 @@ def rollouts_follow(trainer: Annotated[str, typer.Option("--trainer", help="the 
                                  stale=stale, security=s.kafka, tenants=scope) as stream:  # type: ignore[arg-type]
             async for batch in stream:
                 if out_file is not None:
-                    with open(out_file, "ab") as f:
+                    with open(out_file, "ab") as f:  # noqa: ASYNC230 - the CLI's own loop
                         for g in batch.groups:
                             for x in g.samples:
                                 f.write(orjson.dumps({**x.model_dump(mode="json"), "stale": g.stale}) + b"\n")

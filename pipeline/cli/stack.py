@@ -6,7 +6,7 @@ import logging
 import os
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Optional
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
@@ -69,8 +69,8 @@ def topics_apply(data_dir: DataDir = Path(".llmpipe"), config: ConfigFile = None
     """Create every registry topic that is missing (idempotent)."""
     import asyncio
 
-    from pipeline.runtime.topics import apply_topics
     from pipeline.app.assemble import topology_for
+    from pipeline.runtime.topics import apply_topics
 
     s = _settings(data_dir, config, bootstrap)
     bs, prefix = _stack_bootstrap(s)
@@ -133,8 +133,8 @@ def _announce_dev_key(s: Settings, key: str | None) -> None:
 @app.command()
 @command
 def serve(data_dir: DataDir = Path(".llmpipe"), config: ConfigFile = None, bootstrap: Bootstrap = None,
-          host: Annotated[Optional[str], typer.Option(help="listen address (default: settings http.host)")] = None,
-          port: Annotated[Optional[int], typer.Option(help="listen port (default: settings http.port)")] = None) -> None:
+          host: Annotated[str | None, typer.Option(help="listen address (default: settings http.host)")] = None,
+          port: Annotated[int | None, typer.Option(help="listen port (default: settings http.port)")] = None) -> None:
     """Run the OpenAI-compatible front door against a broker (`llmpipe up` runs one itself)."""
     import asyncio
     import signal
@@ -184,7 +184,7 @@ def down(data_dir: DataDir = Path(".llmpipe"), config: ConfigFile = None, bootst
 def worker(stage: Annotated[str, typer.Argument(help="stage name from the topology, or `sink`")],
            data_dir: DataDir = Path(".llmpipe"), config: ConfigFile = None, bootstrap: Bootstrap = None,
            admin_port: Annotated[int, typer.Option(help="sink only: admin/SQL port (0 = free)")] = 0,
-           ready_file: Annotated[Optional[Path], typer.Option(help="touched once the worker consumes")] = None) -> None:
+           ready_file: Annotated[Path | None, typer.Option(help="touched once the worker consumes")] = None) -> None:
     """Run one stage group's worker against any broker (scale out by running more)."""
     import asyncio
 

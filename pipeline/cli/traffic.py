@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
-from typing import Annotated, Any, Optional
+from typing import Annotated, Any
 
 import typer
 
@@ -47,14 +47,14 @@ def _image_arg(value: str) -> str:
 @app.command()
 @command
 def submit(prompt: Annotated[str, typer.Option("--prompt", help="the user message")],
-           image: Annotated[Optional[list[str]], typer.Option(
+           image: Annotated[list[str] | None, typer.Option(
                "--image", help="image URL or local file (sent inline as a data URL); repeatable")] = None,
-           api_key: Annotated[Optional[str], typer.Option("--api-key", envvar="LLMPIPE_API_KEY")] = None,
-           model: Annotated[Optional[str], typer.Option("--model")] = None,
-           max_tokens: Annotated[Optional[int], typer.Option("--max-tokens")] = None,
-           seed: Annotated[Optional[int], typer.Option("--seed")] = None,
-           idempotency_key: Annotated[Optional[str], typer.Option("--idempotency-key")] = None,
-           tenant: Annotated[Optional[str], typer.Option("--tenant", help="tenant id (tests; keys map to tenants)")] = None,
+           api_key: Annotated[str | None, typer.Option("--api-key", envvar="LLMPIPE_API_KEY")] = None,
+           model: Annotated[str | None, typer.Option("--model")] = None,
+           max_tokens: Annotated[int | None, typer.Option("--max-tokens")] = None,
+           seed: Annotated[int | None, typer.Option("--seed")] = None,
+           idempotency_key: Annotated[str | None, typer.Option("--idempotency-key")] = None,
+           tenant: Annotated[str | None, typer.Option("--tenant", help="tenant id (tests; keys map to tenants)")] = None,
            timeout: Annotated[float, typer.Option("--timeout", help="seconds to wait (also the deadline)")] = 60.0,
            stream: Annotated[bool, typer.Option("--stream", help="print the answer as it is generated (with "
                                                                   "--json: one {\"piece\": ...} line each)")] = False,
@@ -125,9 +125,9 @@ async def _print_stream(client, doc, timeout_s: float, as_json: bool) -> tuple[A
 @app.command()
 @command
 def load(file: Annotated[Path, typer.Option("--file", exists=True, dir_okay=False, help="JSONL of chat bodies")],
-         rate: Annotated[Optional[float], typer.Option("--rate", help="requests per second (default: as fast as allowed)")] = None,
+         rate: Annotated[float | None, typer.Option("--rate", help="requests per second (default: as fast as allowed)")] = None,
          concurrency: Annotated[int, typer.Option("--concurrency", min=1)] = 32,
-         api_key: Annotated[Optional[str], typer.Option("--api-key", envvar="LLMPIPE_API_KEY")] = None,
+         api_key: Annotated[str | None, typer.Option("--api-key", envvar="LLMPIPE_API_KEY")] = None,
          timeout: Annotated[float, typer.Option("--timeout")] = 120.0,
          data_dir: DataDir = Path(".llmpipe"), config: ConfigFile = None, bootstrap: Bootstrap = None,
          json: Json = False) -> None:
@@ -144,12 +144,12 @@ def load(file: Annotated[Path, typer.Option("--file", exists=True, dir_okay=Fals
 @app.command()
 @command
 def mask(text: Annotated[str, typer.Option("--text", help="a sample to mask")],
-         tenant: Annotated[Optional[str], typer.Option("--tenant", help="apply this tenant's overrides")] = None,
+         tenant: Annotated[str | None, typer.Option("--tenant", help="apply this tenant's overrides")] = None,
          data_dir: DataDir = Path(".llmpipe"), config: ConfigFile = None, bootstrap: Bootstrap = None,
          json: Json = False) -> None:
     """Mask a sample with the configured policy: the masked text and entity types (never the mapping)."""
-    from pipeline.stages.mask.pii import Masker
     from pipeline.stages.mask.config import MaskStagePolicy
+    from pipeline.stages.mask.pii import Masker
 
     policy = _stage_policy(_settings(data_dir, config, bootstrap), "mask", MaskStagePolicy)
     masker = Masker(policy.for_tenant(tenant))
@@ -166,15 +166,15 @@ def mask(text: Annotated[str, typer.Option("--text", help="a sample to mask")],
 @app.command("mask-eval")
 @command
 def mask_eval(file: Annotated[Path, typer.Option("--file", exists=True, dir_okay=False, help="labelled JSONL")],
-              tenant: Annotated[Optional[str], typer.Option("--tenant", help="apply this tenant's overrides")] = None,
+              tenant: Annotated[str | None, typer.Option("--tenant", help="apply this tenant's overrides")] = None,
               data_dir: DataDir = Path(".llmpipe"), config: ConfigFile = None, bootstrap: Bootstrap = None,
               json: Json = False) -> None:
     """Recall per PII type, false-positive rate on negatives and ms per request of the configured mask policy."""
     from rich.table import Table
 
+    from pipeline.stages.mask.config import MaskStagePolicy
     from pipeline.stages.mask.eval import evaluate, read_sentences
     from pipeline.stages.mask.pii import Masker
-    from pipeline.stages.mask.config import MaskStagePolicy
 
     policy = _stage_policy(_settings(data_dir, config, bootstrap), "mask", MaskStagePolicy)
     try:

@@ -1,1 +1,2 @@
-"""Settings, parsed and validated only: `settings` (the stack's settings from YAML and LLMPIPE_ environment\nvariables), `tenants`, `feedback`, `lora` (their policy models). Imports nothing but contracts."""
+"""Settings, parsed and validated only: `settings` (the stack's settings from YAML and LLMPIPE_ environment
+variables), `tenants`, `feedback`, `lora` (their policy models). Imports nothing but contracts."""

@@ -55,7 +55,7 @@ class FeedbackSettings(BaseModel):
                                                        "reach the warehouse before calling it unknown")
 
     @model_validator(mode="after")
-    def _unique_names(self) -> "FeedbackSettings":
+    def _unique_names(self) -> FeedbackSettings:
         names = [m.name for m in self.metrics]
         if len(names) != len(set(names)):
             raise ValueError(f"feedback metric names must be unique: {names}")

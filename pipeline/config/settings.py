@@ -71,7 +71,7 @@ class KafkaSecurity(BaseModel):
     ssl_keyfile: Path | None = None
 
     @model_validator(mode="after")
-    def _complete(self) -> "KafkaSecurity":
+    def _complete(self) -> KafkaSecurity:
         if self.security_protocol.startswith("SASL") and not (self.sasl_mechanism and self.sasl_username
                                                               and self.sasl_password):
             raise ValueError("kafka: SASL needs sasl_mechanism, sasl_username and sasl_password")
@@ -96,7 +96,7 @@ class KafkaSecurity(BaseModel):
         return kw
 
 
-def kafka_kwargs(security: "KafkaSecurity | None") -> dict[str, Any]:
+def kafka_kwargs(security: KafkaSecurity | None) -> dict[str, Any]:
     return security.client_kwargs() if security is not None else {}
 
 
@@ -123,7 +123,7 @@ class RuntimeSettings(BaseModel):
     drain_timeout_s: float = 30.0
 
     @model_validator(mode="after")
-    def _watermarks(self) -> "RuntimeSettings":
+    def _watermarks(self) -> RuntimeSettings:
         if self.low_watermark >= self.high_watermark:
             raise ValueError("runtime.low_watermark must be below runtime.high_watermark")
         return self
@@ -171,7 +171,7 @@ class Deployment(BaseModel):
                                            "partition owns an equal share, so the sum never exceeds them")
 
     @model_validator(mode="after")
-    def _engine_fields(self) -> "Deployment":
+    def _engine_fields(self) -> Deployment:
         if self.engine == "openai" and not self.base_url:
             raise ValueError(f"deployment {self.name}: the openai engine needs base_url")
         if self.lora and self.engine != "vllm":
@@ -308,7 +308,7 @@ class Settings(BaseSettings):
         return self.warehouse_dsn or f"chdb://{self.resolved_data_dir() / 'warehouse'}"
 
     @model_validator(mode="after")
-    def _body_fits_topics(self) -> "Settings":
+    def _body_fits_topics(self) -> Settings:
         room = self.producer.max_request_size - self.http.max_body_bytes
         if room < DOC_GROWTH_BYTES:
             raise ValueError(f"http.max_body_bytes ({self.http.max_body_bytes}) must be at least {DOC_GROWTH_BYTES} "
@@ -317,7 +317,7 @@ class Settings(BaseSettings):
         return self
 
     @model_validator(mode="after")
-    def _unique_deployments(self) -> "Settings":
+    def _unique_deployments(self) -> Settings:
         names = [d.name for d in self.deployments]
         if len(names) != len(set(names)):
             raise ValueError(f"deployment names must be unique: {names}")

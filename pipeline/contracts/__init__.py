@@ -1,5 +1,7 @@
 """Wire contracts: every value on a topic is one of these pydantic models, with a `schema` tag."""
 
+from pydantic import BaseModel
+
 from pipeline.contracts.admit import AdmitRelease, AdmitStateRecord
 from pipeline.contracts.control import BreakerUpdate, CacheInvalidate, CachePut, ControlRecord, Marker
 from pipeline.contracts.dlq import DlqRecord
@@ -12,7 +14,7 @@ from pipeline.contracts.stream import Cancel, Delta
 from pipeline.contracts.weights import WeightEvent
 
 # topic value schema name (as in topics.yaml) -> model; JSON Schemas are generated from this map.
-WIRE_MODELS = {
+WIRE_MODELS: dict[str, type[BaseModel]] = {
     "request": RequestDoc,
     "response": Response,
     "evidence": Evidence,

@@ -3,7 +3,7 @@ budget reservation with the real cost and free its concurrency slot."""
 
 from __future__ import annotations
 
-from typing import Annotated, Literal, Union
+from typing import Annotated, Final, Literal
 
 from pydantic import Field, RootModel
 
@@ -11,7 +11,7 @@ from pipeline.contracts.base import WireModel, now_ms
 from pipeline.contracts.request import RequestDoc
 from pipeline.contracts.response import Response
 
-ADMIT_RELEASE_SCHEMA = "admit_release/v1"
+ADMIT_RELEASE_SCHEMA: Final = "admit_release/v1"
 
 
 class AdmitRelease(WireModel):
@@ -42,7 +42,7 @@ def release_for(resp: Response, *, with_response: bool = False) -> AdmitRelease:
 # so that the latest record per key is the state: compaction keeps it bounded on Kafka; compaction
 # keeps the survivors' order, and restore applies them in offset order.
 
-ADMIT_STATE_SCHEMA = "admit_state/v1"
+ADMIT_STATE_SCHEMA: Final = "admit_state/v1"
 Buckets = list[tuple[int, int, int]]  # (second, requests, tokens) of a rolling-minute window
 
 
@@ -113,6 +113,6 @@ class StateMarker(WireModel):
     marker_id: str
 
 
-class AdmitStateRecord(RootModel[Annotated[Union[HoldRecord, IdempotencyRecord, StateMarker],
+class AdmitStateRecord(RootModel[Annotated[HoldRecord | IdempotencyRecord | StateMarker,
                                            Field(discriminator="kind")]]):
     pass

@@ -1,11 +1,11 @@
 """Records on the `control` topic: cache write-backs and invalidations, circuit-breaker states, the tenant
-registry (tenants, limits, hashed API keys), the adapter registry, the RL actor's weight lifecycle. Every cache worker follows the whole topic, so
-each keeps a complete index replica and applies invalidations in order; generate workers follow it
-for breaker states."""
+registry (tenants, limits, hashed API keys), the adapter registry, the RL actor's weight lifecycle.
+Every cache worker follows the whole topic, so each keeps a complete index replica and applies
+invalidations in order; generate workers follow it for breaker states."""
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal, Union
+from typing import Annotated, Any, Final, Literal
 
 from pydantic import Field, RootModel
 
@@ -13,7 +13,7 @@ from pipeline.contracts.actor import ActorActivated, ActorPrepared, ActorRejecte
 from pipeline.contracts.adapter import AdapterSpec, AdapterState
 from pipeline.contracts.base import WireModel, now_ms
 
-CONTROL_SCHEMA = "control/v1"
+CONTROL_SCHEMA: Final = "control/v1"
 
 
 class CachePut(WireModel):
@@ -107,8 +107,9 @@ class Marker(WireModel):
     marker_id: str
 
 
-class ControlRecord(RootModel[Annotated[Union[CachePut, CacheInvalidate, BreakerUpdate, TenantUpsert, ApiKeyIssued,
-                                              ApiKeyRevoked, AdapterRegistered, AdapterStateChanged, ActorPrepared,
-                                              ActorReplicaReport, ActorActivated, ActorRejected, Marker],
-                                        Field(discriminator="kind")]]):
+ControlKind = (CachePut | CacheInvalidate | BreakerUpdate | TenantUpsert | ApiKeyIssued | ApiKeyRevoked | AdapterRegistered
+               | AdapterStateChanged | ActorPrepared | ActorReplicaReport | ActorActivated | ActorRejected | Marker)
+
+
+class ControlRecord(RootModel[Annotated[ControlKind, Field(discriminator="kind")]]):
     pass

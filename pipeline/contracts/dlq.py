@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import base64
-from typing import Literal
+from typing import Final, Literal
 
 from pydantic import Field
 
 from pipeline.contracts.base import WireModel, now_ms
 
-DLQ_SCHEMA = "dlq/v1"
+DLQ_SCHEMA: Final = "dlq/v1"
 
 
 class DlqRecord(WireModel):

@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Final, Literal
 
 from pydantic import Field
 
 from pipeline.contracts.base import WireModel
 
-EVIDENCE_SCHEMA = "evidence/v1"
+EVIDENCE_SCHEMA: Final = "evidence/v1"
 
 
 class Evidence(WireModel):

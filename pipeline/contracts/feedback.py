@@ -11,14 +11,14 @@ from __future__ import annotations
 
 import uuid
 from dataclasses import dataclass
-from typing import Literal
+from typing import Final, Literal
 
 from pydantic import Field, StrictBool, model_validator
 
 from pipeline.contracts.base import WireModel, now_ms
 from pipeline.contracts.request import EPISODE_ID
 
-FEEDBACK_SCHEMA = "feedback/v1"
+FEEDBACK_SCHEMA: Final = "feedback/v1"
 FEEDBACK_ID = r"^[A-Za-z0-9_.:-]{1,128}$"
 
 
@@ -39,7 +39,7 @@ class Feedback(WireModel):
     created_ms: int = Field(default_factory=now_ms)
 
     @model_validator(mode="after")
-    def _one_target(self) -> "Feedback":
+    def _one_target(self) -> Feedback:
         if (self.request_id is None) == (self.episode_id is None):
             raise ValueError("give exactly one of request_id and episode_id")
         return self

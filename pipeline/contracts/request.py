@@ -6,14 +6,14 @@ Later issues give the sections their full shape; the runtime needs only the enve
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Any, Final, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from pipeline.contracts.base import WireModel, now_ms
 from pipeline.contracts.caller_schema import caller_schema_problem
 
-REQUEST_SCHEMA = "request/v1"
+REQUEST_SCHEMA: Final = "request/v1"
 EPISODE_ID = r"^[A-Za-z0-9_.:-]{1,128}$"  # an id, never free text: it lands in every warehouse table
 # The tenant of a request that names none (auth off, or published past mask): metered by the
 # stack's tenant defaults and scoped like any other tenant, never "no tenant, no limits".

@@ -3,14 +3,14 @@
 from __future__ import annotations
 
 from enum import StrEnum
-from typing import Literal
+from typing import Final, Literal
 
 from pydantic import Field
 
 from pipeline.contracts.base import WireModel, now_ms
 from pipeline.contracts.request import SampleSummary
 
-RESPONSE_SCHEMA = "response/v1"
+RESPONSE_SCHEMA: Final = "response/v1"
 
 
 class Status(StrEnum):

@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Final, Literal
 
 from pydantic import Field
 
 from pipeline.contracts.base import WireModel, now_ms
 
-ROLLOUT_SCHEMA = "rollout/v1"
+ROLLOUT_SCHEMA: Final = "rollout/v1"
 
 
 class Rollout(WireModel):
@@ -41,7 +41,7 @@ class Rollout(WireModel):
     replay_id: str = ""
 
 
-CONSUMPTION_SCHEMA = "rollout_consumption/v1"
+CONSUMPTION_SCHEMA: Final = "rollout_consumption/v1"
 
 
 class RolloutConsumption(WireModel):

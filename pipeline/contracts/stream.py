@@ -8,14 +8,14 @@ them, so a caller follows one attempt and never shows text from two (ingress/str
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Final, Literal
 
 from pydantic import Field
 
 from pipeline.contracts.base import WireModel, now_ms
 
-DELTA_SCHEMA = "delta/v1"
-CANCEL_SCHEMA = "cancel/v1"
+DELTA_SCHEMA: Final = "delta/v1"
+CANCEL_SCHEMA: Final = "cancel/v1"
 
 
 class Delta(WireModel):

@@ -4,13 +4,13 @@ actor revision's rollout (prepared → … → active). One row of `weight_event
 from __future__ import annotations
 
 import uuid
-from typing import Literal
+from typing import Final, Literal
 
 from pydantic import Field
 
 from pipeline.contracts.base import WireModel, now_ms
 
-WEIGHT_EVENT_SCHEMA = "weight_event/v1"
+WEIGHT_EVENT_SCHEMA: Final = "weight_event/v1"
 
 
 class WeightEvent(WireModel):

@@ -53,7 +53,7 @@ class DemoImageServer:
         images = demo_images()
 
         class Handler(BaseHTTPRequestHandler):
-            def do_GET(self) -> None:  # noqa: N802 - http.server's name
+            def do_GET(self) -> None:  # http.server's name
                 if self.path == "/redirect-internal":  # media must not follow this into the private network
                     self.send_response(302)
                     self.send_header("Location", "http://10.0.0.1/admin.png")
@@ -78,7 +78,7 @@ class DemoImageServer:
         self.base_url = f"http://127.0.0.1:{self.port}"
         self._thread = threading.Thread(target=self.server.serve_forever, name="demo-images", daemon=True)
 
-    def start(self) -> "DemoImageServer":
+    def start(self) -> DemoImageServer:
         self._thread.start()
         return self
 

@@ -71,19 +71,19 @@ class EngineError(Exception):
 class ChatEngine(Protocol):
     revision: str
 
-    async def start(self) -> "ChatEngine": ...
+    async def start(self) -> ChatEngine: ...
 
     async def stop(self) -> None: ...
 
     async def generate(self, messages: list[dict[str, str]], sampling: Sampling,
-                       request_id: str | None = None, adapter: "AdapterSpec | None" = None,
+                       request_id: str | None = None, adapter: AdapterSpec | None = None,
                        on_delta: OnDelta | None = None) -> Generation:
         """The whole generation; `on_delta` sees it piece by piece meanwhile. Cancelling the call
         stops the engine's work on it (vLLM aborts the request; an HTTP stream is closed)."""
         ...
 
 
-def as_chat(messages: "Sequence[ChatMessage]", system_prompt: str | None = None) -> list[dict[str, str]]:
+def as_chat(messages: Sequence[ChatMessage], system_prompt: str | None = None) -> list[dict[str, str]]:
     """The conversation as a chat template reads it (vision has already added its message). A route
     variant's `system_prompt` comes first, joined with the caller's own system message when there is
     one (chat templates expect at most one, at the start)."""

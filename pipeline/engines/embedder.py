@@ -93,7 +93,7 @@ class Embedder:
         if backend == "onnx":
             try:
                 self._session = self._onnx_session(Path(export_dir) if export_dir else default_export_dir(), threads)
-            except Exception as exc:  # a slower embedder, not a broken stage
+            except Exception as exc:  # noqa: BLE001 - a slower embedder, not a broken stage
                 log.warning("embedder: no ONNX export (%r); using torch", exc)
                 self._session = None
             if self._session is not None:

@@ -42,7 +42,7 @@ class OpenAIEngine:
         self.timeout = httpx.Timeout(read_timeout_s, connect=connect_timeout_s)
         self.client: httpx.AsyncClient | None = None
 
-    async def start(self) -> "OpenAIEngine":
+    async def start(self) -> OpenAIEngine:
         headers = {}
         if self.api_key_env and os.environ.get(self.api_key_env):
             headers["Authorization"] = f"Bearer {os.environ[self.api_key_env]}"

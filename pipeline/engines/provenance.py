@@ -47,4 +47,5 @@ def provenance_for(model_dir: Path | None, tokenizer, dtype: str = "") -> Proven
     hw = hardware()
     return Provenance(tokenizer_revision=tokenizer_rev, chat_template_revision=digest(template) if template else "",
                       runtime=", ".join(f"{k} {v}" for k, v in rt.items()),
-                      hardware=f"{hw['cpu']}; {hw['cores']} cores; {hw['memory_gib']} GiB; gpu {hw['gpu']}; native bf16 {hw['native_bf16']}")
+                      hardware=f"{hw['cpu']}; {hw['cores']} cores; {hw['memory_gib']} GiB; gpu {hw['gpu']}; "
+                               f"native bf16 {hw['native_bf16']}")

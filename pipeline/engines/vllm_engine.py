@@ -64,7 +64,7 @@ class VllmEngine:
     # this engine says itself when it is stuck: a caller bounds an attempt by its deadline alone
     watches_progress = True
 
-    async def start(self) -> "VllmEngine":
+    async def start(self) -> VllmEngine:
         configure_cpu_env(self.cache_dir)
         self.dtype = engine_dtype(self.dtype)
         from vllm.engine.arg_utils import AsyncEngineArgs
@@ -148,7 +148,7 @@ class VllmEngine:
         self._lora_paths[(spec.name, spec.revision)] = str(spec.path)
         try:
             await self.engine.add_lora(self._lora_request(spec))
-        except Exception as exc:  # noqa: BLE001 - vLLM raises plain errors for bad adapter files
+        except Exception as exc:
             raise EngineError("adapter_unavailable", f"adapter {spec.name} did not load: {exc}") from exc
         return (time.perf_counter() - t0) * 1000
 

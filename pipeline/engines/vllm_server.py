@@ -41,7 +41,7 @@ class VllmServer:
                 "--dtype", engine_dtype(self.dtype), "--max-model-len", str(self.max_model_len), "--enforce-eager",
                 "--max-num-seqs", str(self.max_num_seqs), "--seed", "0", "--disable-log-stats"]
 
-    def spawn(self) -> "VllmServer":
+    def spawn(self) -> VllmServer:
         """Start the process and return at once (start several servers side by side, then wait)."""
         saved = dict(os.environ)
         try:
@@ -56,7 +56,7 @@ class VllmServer:
                                          start_new_session=True)
         return self
 
-    def wait_ready(self, timeout_s: float = 180.0) -> "VllmServer":
+    def wait_ready(self, timeout_s: float = 180.0) -> VllmServer:
         assert self.proc is not None, "spawn() first"
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
@@ -71,7 +71,7 @@ class VllmServer:
         self.stop()
         raise TimeoutError(f"vLLM server not ready after {timeout_s:.0f} s; see {self.log_path}")
 
-    def start(self, timeout_s: float = 180.0) -> "VllmServer":
+    def start(self, timeout_s: float = 180.0) -> VllmServer:
         return self.spawn().wait_ready(timeout_s)
 
     def kill(self) -> None:

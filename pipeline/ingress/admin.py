@@ -91,7 +91,7 @@ def ensure_admin_token(data_dir: Path) -> str:
     return _read_token(path)
 
 
-def admin_token_for(settings: "Settings") -> str:
+def admin_token_for(settings: Settings) -> str:
     """settings.secrets.admin_token (LLMPIPE_SECRETS__ADMIN_TOKEN) if set, else the data dir's file."""
     configured = settings.secrets.admin_token
     if configured is not None:
@@ -161,7 +161,7 @@ class AdminServer:
         self.port = self.asgi.port
         self.url = self.asgi.url
 
-    async def start(self) -> "AdminServer":
+    async def start(self) -> AdminServer:
         await self.asgi.start()
         return self
 
@@ -183,7 +183,7 @@ def query_via_admin(admin_url: str, sql: str, parameters: dict[str, Any] | None 
     return QueryResult(columns=body["columns"], rows=[tuple(row) for row in body["rows"]])
 
 
-def warehouse_query(settings: "Settings", admin_url: str | None = None) -> Callable[[str, dict[str, Any]], QueryResult]:
+def warehouse_query(settings: Settings, admin_url: str | None = None) -> Callable[[str, dict[str, Any]], QueryResult]:
     """Read-only SQL against the warehouse's owner: the running stack's admin endpoint when the
     warehouse is embedded (only that process may open chDB), else the server directly, opened on
     first use and checked like /sql."""

@@ -47,13 +47,13 @@ from pipeline.contracts import Cancel, Delta, Feedback, ReplyTo, RequestDoc, Res
 from pipeline.contracts.base import now_ms
 from pipeline.contracts.request import ChatBody, ChatMessage
 from pipeline.ingress.stream_follow import Ended, Piece, StreamFollower, readable
-from pipeline.runtime.wakeup.bellpoll import BellPoller
 from pipeline.runtime.broker.epoch import rewind_on_restart
-from pipeline.runtime.follow.cancels import digest as cancel_digest
 from pipeline.runtime.codec import decode, encode, request_headers
-from pipeline.runtime.wakeup.doorbell import Bell, producer_class
 from pipeline.runtime.errors import DecodeError
+from pipeline.runtime.follow.cancels import digest as cancel_digest
 from pipeline.runtime.topics import TopicNames
+from pipeline.runtime.wakeup.bellpoll import BellPoller
+from pipeline.runtime.wakeup.doorbell import Bell, producer_class
 from pipeline.security.sealing import Keyring
 
 log = logging.getLogger(__name__)
@@ -123,7 +123,7 @@ class Client:
         # set by a CLI that holds the stack's keyring: replaces a doc's API key by a caller assertion
         self.sign: Callable[[RequestDoc], RequestDoc] | None = None
 
-    async def start(self) -> "Client":
+    async def start(self) -> Client:
         cls, extra = producer_class(self.doorbell_dir)
         self.producer = cls(bootstrap_servers=self.bootstrap, acks="all", linger_ms=1,
                             enable_idempotence=False, max_request_size=8 << 20, **self.kafka, **extra)
@@ -168,7 +168,7 @@ class Client:
         if self._bell is not None:
             self._bell.stop()
 
-    async def __aenter__(self) -> "Client":
+    async def __aenter__(self) -> Client:
         return await self.start()
 
     async def __aexit__(self, *exc: object) -> None:

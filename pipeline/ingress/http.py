@@ -9,8 +9,8 @@ The door authenticates the key against the tenant registry (config + `control`) 
 is published: an unknown or revoked key is a 401 that costs the pipeline nothing. The key itself
 never travels: the event carries the door's caller assertion, signed for this request only
 (pipeline/security/caller_assertion.py), which mask verifies against the live registry (a key
-revoked between door and mask is refused) and strips. The key is never logged. Pipeline-specific request fields ride in an optional
-`llmpipe` object of the body (`extra_body={"llmpipe": {...}}` in the openai client): timeout_s,
+revoked between door and mask is refused) and strips. The key is never logged. Pipeline-specific
+request fields ride in an optional `llmpipe` object of the body (`extra_body={"llmpipe": {...}}` in the openai client): timeout_s,
 context, device_id, device.
 
 Streaming (`stream: true`): the text is sent as generate makes it (deltas, un-masked where the
@@ -46,10 +46,10 @@ from pipeline.ingress.sse import SseReply, stream_evidence
 from pipeline.ingress.stream_follow import Ended, Piece
 from pipeline.registries.metering import TenantMeter, feedback_cost, feedback_rate, prompt_size_refusal, request_rate
 from pipeline.registries.tenants import Caller, TenantRegistry
-from pipeline.runtime.serve.asgi import AsgiServer
 from pipeline.runtime.broker.watch import BrokerWatch
 from pipeline.runtime.codec import describe_validation_error
 from pipeline.runtime.follow.follower import ControlFollower
+from pipeline.runtime.serve.asgi import AsgiServer
 from pipeline.runtime.topics import TopicNames
 from pipeline.security.caller_assertion import sign as sign_assertion
 from pipeline.security.sealing import Keyring, keyring_for
@@ -107,7 +107,7 @@ class FrontDoor:
             log.warning("front door: %s", w)
         self.app = self._build_app()
 
-    async def start(self) -> "FrontDoor":
+    async def start(self) -> FrontDoor:
         # the key mask verifies our caller assertions with (and postprocess opens restore mappings with)
         self.keyring = await asyncio.to_thread(keyring_for, self.settings)
         self.client.delta_keyring = self.keyring  # opens the deltas generate sealed for our callers
@@ -452,7 +452,7 @@ class HttpServer:
         self.asgi = AsgiServer(door.app, host, port)
         self.url = self.asgi.url
 
-    async def start(self) -> "HttpServer":
+    async def start(self) -> HttpServer:
         await self.door.start()
         await self.asgi.start()
         log.info("front door on %s", self.url)

@@ -1,1 +1,2 @@
-"""What the control topic teaches every worker: `tenants` (keys, ACLs, limits), `adapters` (LoRA\nregistrations), `actor` (the active actor revision), `metering` (usage per tenant)."""
+"""What the control topic teaches every worker: `tenants` (keys, ACLs, limits), `adapters` (LoRA
+registrations), `actor` (the active actor revision), `metering` (usage per tenant)."""

@@ -43,18 +43,18 @@ class Outcome:
     #: idempotency-key duplicate answered with the original's result); the promise must be in `side`
     parked: bool = False
     #: answers to other requests this decision settled (e.g. the parked duplicates of a rejected request)
-    others: list["Outcome"] = field(default_factory=list)
+    others: list[Outcome] = field(default_factory=list)
 
     @classmethod
-    def forward(cls, doc: RequestDoc, *evidence: Evidence, to: str | None = None) -> "Outcome":
+    def forward(cls, doc: RequestDoc, *evidence: Evidence, to: str | None = None) -> Outcome:
         return cls(doc=doc, evidence=list(evidence), next_stage=to)
 
     @classmethod
-    def answer(cls, doc: RequestDoc, response: Response, *evidence: Evidence) -> "Outcome":
+    def answer(cls, doc: RequestDoc, response: Response, *evidence: Evidence) -> Outcome:
         return cls(doc=doc, evidence=list(evidence), response=response)
 
     @classmethod
-    def park(cls, doc: RequestDoc, side: list[SideRecord], *evidence: Evidence) -> "Outcome":
+    def park(cls, doc: RequestDoc, side: list[SideRecord], *evidence: Evidence) -> Outcome:
         return cls(doc=doc, evidence=list(evidence), side=side, parked=True)
 
 

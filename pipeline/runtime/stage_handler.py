@@ -34,18 +34,19 @@ from typing import TypeVar
 
 from aiokafka import AIOKafkaProducer
 from aiokafka.errors import MessageSizeTooLargeError
+from pydantic import BaseModel
 
 from pipeline.contracts import Cancel, Evidence, ReplyTo, RequestDoc, Response, StageTiming, Status
 from pipeline.contracts.admit import release_for
 from pipeline.contracts.base import now_ms
 from pipeline.contracts.response import ImageShape, StageTimes
-from pipeline.runtime.follow.cancels import CancelWatch
 from pipeline.runtime.codec import decode, encode, header_map, request_headers
 from pipeline.runtime.dlq import dead_letter
 from pipeline.runtime.errors import DecodeError, TopologyError, is_infrastructure
+from pipeline.runtime.follow.cancels import CancelWatch
 from pipeline.runtime.handler import Item
-from pipeline.runtime.serve.metrics import StageMetrics
 from pipeline.runtime.outputs import Outputs, ReplyCheck
+from pipeline.runtime.serve.metrics import StageMetrics
 from pipeline.runtime.stage import Outcome, SideRecord, Stage
 from pipeline.runtime.topics import TopicNames
 from pipeline.runtime.topology import Topology
@@ -173,7 +174,7 @@ class StageHandler:
         batch; infrastructure errors go up to the worker, which retries the batch."""
         try:
             return await step
-        except Exception as exc:  # noqa: BLE001 - classified below
+        except Exception as exc:
             if is_infrastructure(exc):
                 raise
             await self._refused_output(out, it, doc, exc)
@@ -199,7 +200,7 @@ class StageHandler:
             await self._poison(out, it, error_class, f"{type(exc).__name__}: {exc}", attempts=1, doc=doc,
                                reason=f"stage {self.name} could not send the request's outputs ({error_class}); "
                                       f"it is kept in the DLQ")
-        except Exception as again:  # noqa: BLE001 - even its dead letter or answer fails: never retried forever
+        except Exception as again:
             if is_infrastructure(again):
                 raise
             self.metrics.error("unanswerable")
@@ -232,7 +233,7 @@ class StageHandler:
             todo = retry
         return results
 
-    async def _side_input(self, out: Outputs, it: Item, model: type) -> None:
+    async def _side_input(self, out: Outputs, it: Item, model: type[BaseModel]) -> None:
         try:
             value = decode(it.record.value, model)
         except DecodeError as exc:
@@ -455,7 +456,8 @@ class StageHandler:
 
     @staticmethod
     def _passthrough_headers(it: Item) -> list:
-        return [(k, v) for k, v in (it.record.headers or ()) if k in {"request_id", "tenant_id", "traceparent", "attempt", "deadline"}]
+        kept = {"request_id", "tenant_id", "traceparent", "attempt", "deadline"}
+        return [(k, v) for k, v in (it.record.headers or ()) if k in kept]
 
 
 

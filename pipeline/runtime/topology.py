@@ -17,6 +17,7 @@ from pipeline.runtime.errors import TopologyError
 from pipeline.runtime.stage import Stage, StageContext
 from pipeline.runtime.topics import TopicSpec, load_registry
 
+
 def import_object(path: str) -> object:
     """Resolve "package.module:Name"; the working directory is importable, as for uvicorn apps."""
     module_name, _, attr = path.partition(":")

@@ -38,16 +38,16 @@ from aiokafka.errors import CommitFailedError, IllegalStateError, KafkaError
 from aiokafka.structs import OffsetAndMetadata
 
 from pipeline.config.settings import ConsumerSettings, RuntimeSettings, Settings, kafka_kwargs
-from pipeline.runtime.wakeup.bellpoll import BellPoller, PacedBell
 from pipeline.runtime.broker.epoch import tell_on_restart
 from pipeline.runtime.broker.watch import BrokerWatch
-from pipeline.runtime.wakeup.doorbell import Bell
 from pipeline.runtime.errors import is_infrastructure, is_record_fault
 from pipeline.runtime.flow import BoundedQueue
 from pipeline.runtime.handler import Handler, Item
-from pipeline.runtime.serve.metrics import StageMetrics
 from pipeline.runtime.offsets import OffsetTracker
 from pipeline.runtime.outputs import make_producer
+from pipeline.runtime.serve.metrics import StageMetrics
+from pipeline.runtime.wakeup.bellpoll import BellPoller, PacedBell
+from pipeline.runtime.wakeup.doorbell import Bell
 
 log = logging.getLogger(__name__)
 # an error neither the records' nor the infrastructure's (a broker's UnknownError, a bug): ~11 s of
@@ -60,7 +60,7 @@ def default_worker_id() -> str:
 
 
 class _Rebalance(ConsumerRebalanceListener):
-    def __init__(self, worker: "StageWorker") -> None:
+    def __init__(self, worker: StageWorker) -> None:
         self.worker = worker
 
     async def on_partitions_revoked(self, revoked: set[TopicPartition]) -> None:
@@ -115,7 +115,7 @@ class StageWorker:
 
     # ---- lifecycle -------------------------------------------------------------------------
 
-    async def start(self) -> "StageWorker":
+    async def start(self) -> StageWorker:
         c = self.consumer_settings
         self.producer = make_producer(self.settings, self.bootstrap)
         await self.producer.start()
@@ -149,7 +149,8 @@ class StageWorker:
         self.broker = await BrokerWatch(self.producer.client, self.topics, process=f"stage {self.handler.name}",
                                         interval_s=2.0).start()
         concurrency = max(1, self.handler.concurrency)
-        self._processors = [asyncio.create_task(self._process_loop(), name=f"{self.handler.name}-proc{i}") for i in range(concurrency)]
+        self._processors = [asyncio.create_task(self._process_loop(), name=f"{self.handler.name}-proc{i}")
+                            for i in range(concurrency)]
         self._tasks = [
             asyncio.create_task(self._fetch_loop(), name=f"{self.handler.name}-fetch"),
             asyncio.create_task(self._commit_loop(), name=f"{self.handler.name}-commit"),
@@ -164,7 +165,7 @@ class StageWorker:
             return
         self._fetching = False
         deadline = time.monotonic() + (self.runtime.drain_timeout_s if drain else 0)
-        while drain and (self.queue.qsize() or self._in_flight) and time.monotonic() < deadline:
+        while drain and (self.queue.qsize() or self._in_flight) and time.monotonic() < deadline:  # noqa: ASYNC110 - bounded
             await asyncio.sleep(0.02)
         left = self.queue.qsize() + self._in_flight
         if left:
@@ -186,7 +187,7 @@ class StageWorker:
                 self.bell.stop()
             self.stopped.set()
 
-    async def __aenter__(self) -> "StageWorker":
+    async def __aenter__(self) -> StageWorker:
         return await self.start()
 
     async def __aexit__(self, *exc: object) -> None:
@@ -241,7 +242,7 @@ class StageWorker:
     async def _on_revoked(self, revoked: set[TopicPartition]) -> None:
         # Give in-flight records of these partitions a moment to finish, then commit what is done.
         deadline = time.monotonic() + min(2.0, self.consumer_settings.session_timeout_ms / 3000)
-        while self.tracker.in_flight(revoked) and time.monotonic() < deadline:
+        while self.tracker.in_flight(revoked) and time.monotonic() < deadline:  # noqa: ASYNC110 - at most 2 s
             await asyncio.sleep(0.01)
         await self._commit(revoked)
         for tp in revoked:
@@ -254,10 +255,12 @@ class StageWorker:
     async def _fetch_loop(self) -> None:
         assert self.consumer is not None
         c = self.consumer_settings
-        poller = self.poller = BellPoller(self.consumer, self.bell, what=f"stage {self.handler.name}", wait_ms=c.fetch_max_wait_ms,
-                            idle_wait_ms=c.idle_fetch_max_wait_ms, idle_after_ms=c.idle_after_ms, awake_poll_ms=100,
-                            doze_max_ms=c.fetch_every_ms if isinstance(self.bell, PacedBell) else c.doze_max_ms, guard_s=c.poll_guard_s, held=lambda: self._restoring,
-                            may_resume=lambda: not self.queue.paused, on_doze=self.metrics.dozed)
+        doze_max_ms = (c.fetch_every_ms or c.doze_max_ms) if isinstance(self.bell, PacedBell) else c.doze_max_ms
+        poller = self.poller = BellPoller(
+            self.consumer, self.bell, what=f"stage {self.handler.name}", wait_ms=c.fetch_max_wait_ms,
+            idle_wait_ms=c.idle_fetch_max_wait_ms, idle_after_ms=c.idle_after_ms, awake_poll_ms=100,
+            doze_max_ms=doze_max_ms, guard_s=c.poll_guard_s, held=lambda: self._restoring,
+            may_resume=lambda: not self.queue.paused, on_doze=self.metrics.dozed)
         while self._fetching:
             if self.queue.paused:
                 if await self.queue.wait_below_low(0.2):

@@ -1,1 +1,2 @@
-"""Cross-cutting protections: `caller_assertion` (signed principal claims), `sealing` (PII vault\nsealing), `stream_unmask` (un-masking streamed deltas without splitting a placeholder)."""
+"""Cross-cutting protections: `caller_assertion` (signed principal claims), `sealing` (PII vault
+sealing), `stream_unmask` (un-masking streamed deltas without splitting a placeholder)."""

@@ -43,19 +43,19 @@ class Keyring:
                 raise RestoreError(f"mask key {kid!r} must be 32 bytes (base64 of 32 random bytes)")
 
     @classmethod
-    def from_b64(cls, keys: dict[str, str], active: str) -> "Keyring":
+    def from_b64(cls, keys: dict[str, str], active: str) -> Keyring:
         try:
             return cls({k: base64.b64decode(v) for k, v in keys.items()}, active)
         except (ValueError, TypeError) as exc:
             raise RestoreError(f"mask keys must be base64: {exc}") from None
 
     @classmethod
-    def ephemeral(cls) -> "Keyring":
+    def ephemeral(cls) -> Keyring:
         """A random key that lives in this process only (evaluations and tests: nothing outlives them)."""
         return cls({"ephemeral": secrets.token_bytes(32)}, "ephemeral")
 
     @classmethod
-    def local(cls, directory: Path) -> "Keyring":
+    def local(cls, directory: Path) -> Keyring:
         """The embedded default: one key generated into DATA_DIR/secrets on first use (mode 0600)."""
         directory.mkdir(mode=0o700, parents=True, exist_ok=True)
         path = directory / "mask-local.key"
@@ -109,7 +109,7 @@ def unmask(text: str, mapping: dict[str, str]) -> str:
     return text
 
 
-def keyring_for(settings: "Settings") -> Keyring:
+def keyring_for(settings: Settings) -> Keyring:
     """Configured keys (settings.secrets), else the data dir's local key."""
     sec = settings.secrets
     if sec.mask_keys:
@@ -137,7 +137,7 @@ def delta_key(keyring: Keyring, kid: str, request_id: str) -> bytes:
     return hmac.new(key, _DELTA_PURPOSE + request_id.encode(), hashlib.sha256).digest()
 
 
-def _delta_aad(d: "Delta") -> bytes:
+def _delta_aad(d: Delta) -> bytes:
     return orjson.dumps([d.request_id, getattr(d, "tenant_id", None), d.attempt, d.seq, d.last])
 
 
@@ -148,7 +148,7 @@ class DeltaSealer:
         self.kid = keyring.active
         self._aead = AESGCM(delta_key(keyring, self.kid, request_id))
 
-    def seal(self, d: "Delta") -> "Delta":
+    def seal(self, d: Delta) -> Delta:
         nonce = secrets.token_bytes(12)
         plain = orjson.dumps({"text": d.text, "token_ids": d.token_ids, "logprobs": d.logprobs})
         ct = self._aead.encrypt(nonce, plain, _delta_aad(d))
@@ -156,7 +156,7 @@ class DeltaSealer:
         return d.model_copy(update={"text": "", "token_ids": [], "logprobs": None, "sealed": token})
 
 
-def open_delta(d: "Delta", keyring: Keyring) -> "Delta":
+def open_delta(d: Delta, keyring: Keyring) -> Delta:
     """The delta with its text, tokens and logprobs back; a plain delta as it is. RestoreError when
     it does not open (another key, another request or place, tampered)."""
     if d.sealed is None:

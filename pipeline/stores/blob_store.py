@@ -61,13 +61,13 @@ class LocalBlobStore:
             os.replace(tmp, path)
         return ref
 
-    def put_array(self, tenant: str, array: "np.ndarray") -> str:
+    def put_array(self, tenant: str, array: np.ndarray) -> str:
         """An array as a .npy blob (no pickle: readers load it with allow_pickle=False)."""
         buf = io.BytesIO()
         np.save(buf, array, allow_pickle=False)
         return self.put(tenant, buf.getvalue(), "npy")
 
-    def get_array(self, ref: str, tenant: str) -> "np.ndarray":
+    def get_array(self, ref: str, tenant: str) -> np.ndarray:
         return np.load(io.BytesIO(self.get(ref, tenant)), allow_pickle=False)
 
     def get(self, ref: str, tenant: str) -> bytes:

@@ -2,14 +2,14 @@
 
 from __future__ import annotations
 
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from typing import Any
 
 from pipeline.contracts import DlqRecord, Evidence, Feedback, Response, Rollout, RolloutConsumption, WeightEvent
 
 
 def _ts(ms: int | None) -> datetime:
-    return datetime.fromtimestamp((ms or 0) / 1000, tz=timezone.utc)
+    return datetime.fromtimestamp((ms or 0) / 1000, tz=UTC)
 
 
 DECISIONS_COLUMNS = [

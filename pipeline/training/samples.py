@@ -15,10 +15,10 @@ import hashlib
 import re
 import uuid
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import orjson
 
@@ -46,7 +46,7 @@ class TenantScope:
                              + (", not both" if self.every else ""))
 
     @classmethod
-    def of(cls, tenants: Iterable[str] | None, all_tenants: bool = False) -> "TenantScope":
+    def of(cls, tenants: Iterable[str] | None, all_tenants: bool = False) -> TenantScope:
         return cls(frozenset(t for t in tenants or () if t), all_tenants)
 
     def admits(self, tenant: str) -> bool:

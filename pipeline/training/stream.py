@@ -41,11 +41,11 @@ from pipeline.config.settings import KafkaSecurity, kafka_kwargs
 from pipeline.contracts import Rollout
 from pipeline.contracts.rollout import RolloutConsumption
 from pipeline.registries.actor import ActorBook
-from pipeline.training.samples import TenantScope
 from pipeline.runtime.codec import decode, encode
 from pipeline.runtime.errors import DecodeError
 from pipeline.runtime.follow.follower import ControlFollower
 from pipeline.runtime.topics import TopicNames
+from pipeline.training.samples import TenantScope
 
 ACTOR_MARK = "+actor@"
 
@@ -140,7 +140,7 @@ class _Partial:
 
 
 class _Revoked(ConsumerRebalanceListener):
-    def __init__(self, stream: "RolloutStream") -> None:
+    def __init__(self, stream: RolloutStream) -> None:
         self.stream = stream
 
     async def on_partitions_revoked(self, revoked) -> None:
@@ -186,7 +186,7 @@ class RolloutStream:
     def group_id(self) -> str:
         return f"{self.names('trainer')}.{self.trainer}"
 
-    async def start(self) -> "RolloutStream":
+    async def start(self) -> RolloutStream:
         self.follower = await ControlFollower(self.bootstrap, self.names("control"), self.book.apply).start()
         self.producer = AIOKafkaProducer(bootstrap_servers=self.bootstrap, acks="all", **self.kafka)
         await self.producer.start()
@@ -203,13 +203,13 @@ class RolloutStream:
                 await part.stop()
         self.consumer = self.producer = self.follower = None
 
-    async def __aenter__(self) -> "RolloutStream":
+    async def __aenter__(self) -> RolloutStream:
         return await self.start()
 
     async def __aexit__(self, *exc: object) -> None:
         await self.stop()
 
-    def __aiter__(self) -> "RolloutStream":
+    def __aiter__(self) -> RolloutStream:
         return self
 
     async def __anext__(self) -> Batch:

@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import asyncio
 
+from pipeline.app.assemble import topology_for
 from pipeline.app.launch import stage_worker
 from pipeline.contracts.request import ChatBody, ChatMessage
 from pipeline.ingress import Client
-from pipeline.app.assemble import topology_for
 from tests.support.kafka import create_topics, settings_for
 from tests.support.waits import wait_until
 

@@ -88,7 +88,7 @@ def _invoke(argv: list[str], timeout: float, wait: bool = False) -> sp.Completed
         root.handlers = []
         try:
             done["result"] = CliRunner().invoke(app, argv, prog_name=PROG)
-        except BaseException as exc:  # noqa: BLE001 - reported to the caller below
+        except BaseException as exc:
             done["error"] = exc
         finally:
             root.handlers, level, quieted = saved

@@ -9,10 +9,10 @@ from typing import Any
 
 from aiokafka import AIOKafkaProducer
 
+from pipeline.app.assemble import topology_for
 from pipeline.config.settings import Settings, StageSpec
 from pipeline.runtime.codec import encode, request_headers
 from pipeline.runtime.topics import apply_topics
-from pipeline.app.assemble import topology_for
 
 
 def settings_for(tmp_path: Path, prefix: str, bootstrap: str, stages: list[dict[str, Any]], **extra: Any) -> Settings:

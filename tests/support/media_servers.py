@@ -48,7 +48,7 @@ class HttpServer:
         self.server: asyncio.AbstractServer | None = None
         self.port = 0
 
-    async def start(self) -> "HttpServer":
+    async def start(self) -> HttpServer:
         self.server = await asyncio.start_server(self._serve, "127.0.0.1", 0)
         self.port = self.server.sockets[0].getsockname()[1]
         return self
@@ -104,7 +104,8 @@ class ImageServer(HttpServer):
         elif path == "/page.html":
             writer.write(_response("200 OK", b"<html><body>not an image</body></html>", {"Content-Type": "image/jpeg"}))
         elif path == "/big":
-            writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 67108864\r\nConnection: close\r\n\r\n" + b"\xff\xd8\xff" + b"\0" * 65536)
+            writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 67108864\r\nConnection: close\r\n\r\n"
+                         + b"\xff\xd8\xff" + b"\0" * 65536)
         elif path == "/stream":
             writer.write(b"HTTP/1.1 200 OK\r\nConnection: close\r\n\r\n\xff\xd8\xff")
             for _ in range(2000):

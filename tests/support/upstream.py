@@ -38,7 +38,7 @@ class Upstream:
     def base_url(self) -> str:
         return f"http://127.0.0.1:{self.port}/v1"
 
-    def start(self, timeout: float = 30) -> "Upstream":
+    def start(self, timeout: float = 30) -> Upstream:
         assert self.proc is None or self.proc.poll() is not None, "already running"
         out = open(self.log, "ab") if self.log is not None else subprocess.DEVNULL
         try:

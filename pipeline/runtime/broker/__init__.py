@@ -1,1 +1,3 @@
-"""The embedded broker and its supervision: `embedded` (Tansu, started and refused when the port\nholds a broker that is not ours), `keeper` (restart a broker that died), `epoch` (positions after a\nrestart), `watch` (whether this process can reach the broker now)."""
+"""The embedded broker and its supervision: `embedded` (Tansu, started and refused when the port
+holds a broker that is not ours), `keeper` (restart a broker that died), `epoch` (positions after a
+restart), `watch` (whether this process can reach the broker now)."""

@@ -28,15 +28,21 @@ import asyncio
 import logging
 import weakref
 from pathlib import Path
+from typing import Protocol
 
 from aiokafka import AIOKafkaConsumer
+
 from pipeline.runtime.service import BackgroundTask
 
 log = logging.getLogger(__name__)
 
 EPOCH_FILE = "run/broker.epoch"
-_CONSUMERS: "weakref.WeakSet[AIOKafkaConsumer]" = weakref.WeakSet()
-_MEMBERS: "weakref.WeakSet[object]" = weakref.WeakSet()
+_CONSUMERS: weakref.WeakSet[AIOKafkaConsumer] = weakref.WeakSet()
+class GroupMember(Protocol):
+    def broker_restarted(self) -> None: ...
+
+
+_MEMBERS: weakref.WeakSet[GroupMember] = weakref.WeakSet()
 
 
 def rewind_on_restart(consumer: AIOKafkaConsumer) -> None:
@@ -44,7 +50,7 @@ def rewind_on_restart(consumer: AIOKafkaConsumer) -> None:
     _CONSUMERS.add(consumer)
 
 
-def tell_on_restart(member: object) -> None:
+def tell_on_restart(member: GroupMember) -> None:
     """Step 3, for an object with a `broker_restarted()` method (a group member)."""
     _MEMBERS.add(member)
 
@@ -92,7 +98,7 @@ class EpochWatch:
         self.rewinds = 0
         self._task = BackgroundTask("broker-epoch")
 
-    async def start(self) -> "EpochWatch":
+    async def start(self) -> EpochWatch:
         self.epoch = read_epoch(self.path)
         self._task.launch(self._loop)
         return self

@@ -11,8 +11,8 @@ Protocol:
 2. Dead: log it (with its exit code), count it, and start it again on the same port. While starts
    fail, wait 1, 2, 4 ... s (with jitter, at most `max_backoff_s`) between them.
 3. Started: the broker epoch is bumped (runtime/broker/epoch.py: every consumer that keeps its own
-   position reads again from offset 0), then `on_restart(event)` applies what the storage lost (the topics, the development tenant)
-   and records the restart where operators and analysts look (runtime/stack_events.py). It is
+   position reads again from offset 0), then `on_restart(event)` applies what the storage lost (the
+   topics, the development tenant) and records the restart where operators and analysts look (runtime/stack_events.py). It is
    retried, a second apart, until it succeeds or the broker dies again.
 4. `state()` says how often it restarted, when it last died and why, for `llmpipe status`.
 """
@@ -56,7 +56,7 @@ class BrokerKeeper:
         self.down_since: float | None = None
         self._task = BackgroundTask("broker-keeper")
 
-    async def start(self) -> "BrokerKeeper":
+    async def start(self) -> BrokerKeeper:
         self._task.launch(self._loop)
         return self
 
@@ -102,7 +102,7 @@ class BrokerKeeper:
             try:
                 await self.on_restart(event)
                 break
-            except Exception as exc:  # noqa: BLE001 - without its topics the stack cannot work: again
+            except Exception as exc:  # noqa: BLE001 - keep trying: the stack is useless without it
                 log.error("after the broker restart: re-applying its state failed (%s); again in 1 s", exc)
                 await asyncio.sleep(1.0)
         self.down_since = None

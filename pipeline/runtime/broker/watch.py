@@ -31,6 +31,7 @@ from typing import Any
 from aiokafka.errors import KafkaError
 from aiokafka.protocol.metadata import MetadataRequest
 from prometheus_client import Counter, Gauge
+
 from pipeline.runtime.service import BackgroundTask
 
 log = logging.getLogger(__name__)
@@ -53,7 +54,7 @@ class BrokerWatch:
         self._task = BackgroundTask(f"broker-watch-{self.process}")
         _UP.labels(process).set(1)
 
-    async def start(self) -> "BrokerWatch":
+    async def start(self) -> BrokerWatch:
         self._task.launch(self._loop)
         return self
 

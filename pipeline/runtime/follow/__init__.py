@@ -1,1 +1,2 @@
-"""Reading whole topics into local state: `follower` (every partition from the beginning, no group:\nthe control changelog), `cancels` (requests their callers withdrew), `changelog` (a stage's state restored)."""
+"""Reading whole topics into local state: `follower` (every partition from the beginning, no group:
+the control changelog), `cancels` (requests their callers withdrew), `changelog` (a stage's state restored)."""

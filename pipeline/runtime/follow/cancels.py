@@ -36,12 +36,12 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 
 from pipeline.config.settings import KafkaSecurity, kafka_kwargs
 from pipeline.contracts import Cancel, RequestDoc
-from pipeline.runtime.wakeup.bellpoll import BellPoller
 from pipeline.runtime.broker.epoch import rewind_on_restart
 from pipeline.runtime.codec import decode
-from pipeline.runtime.wakeup.doorbell import Bell
 from pipeline.runtime.errors import DecodeError
 from pipeline.runtime.service import BackgroundTask
+from pipeline.runtime.wakeup.bellpoll import BellPoller
+from pipeline.runtime.wakeup.doorbell import Bell
 
 log = logging.getLogger(__name__)
 
@@ -63,7 +63,7 @@ class CancelWatch:
         self.unreadable = 0
         self.unsigned = 0  # cancels without a secret: nobody's request can match them
 
-    async def start(self, producer: AIOKafkaProducer) -> "CancelWatch":
+    async def start(self, producer: AIOKafkaProducer) -> CancelWatch:
         """`producer` only looks up the topic's partitions (the owner's, already started)."""
         if self.doorbell_dir is not None:
             self.bell = await Bell(self.doorbell_dir, [self.topic]).start()
@@ -131,7 +131,7 @@ class CancelWatch:
         for cb in self._callbacks.pop(key, []):
             try:
                 cb(cancel)
-            except Exception:  # noqa: BLE001 - one failing watcher must not stop the others
+            except Exception:
                 log.exception("cancel watcher of a request failed")
 
     async def _follow(self) -> None:

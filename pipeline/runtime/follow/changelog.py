@@ -31,7 +31,7 @@ class ChangelogReader:
         self.marker = marker  # marker id -> record value; the value must contain the id
         self.producer: AIOKafkaProducer | None = None
 
-    async def start(self) -> "ChangelogReader":
+    async def start(self) -> ChangelogReader:
         self.producer = AIOKafkaProducer(bootstrap_servers=self.bootstrap, acks="all", enable_idempotence=False,
                                          **self.kafka)
         await self.producer.start()

@@ -21,15 +21,16 @@ from collections.abc import Callable
 from pathlib import Path
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
+from pydantic import BaseModel
 
 from pipeline.config.settings import KafkaSecurity, kafka_kwargs
 from pipeline.contracts import ControlRecord, Marker
-from pipeline.runtime.wakeup.bellpoll import BellPoller
 from pipeline.runtime.broker.epoch import rewind_on_restart
 from pipeline.runtime.codec import decode, encode
-from pipeline.runtime.wakeup.doorbell import Bell, producer_class
 from pipeline.runtime.errors import DecodeError
 from pipeline.runtime.service import BackgroundTask
+from pipeline.runtime.wakeup.bellpoll import BellPoller
+from pipeline.runtime.wakeup.doorbell import Bell, producer_class
 
 log = logging.getLogger(__name__)
 
@@ -53,7 +54,7 @@ class ControlFollower:
         self.applied = 0
         self.unreadable = 0
 
-    async def start(self, timeout_s: float = 60.0) -> "ControlFollower":
+    async def start(self, timeout_s: float = 60.0) -> ControlFollower:
         cls, extra = producer_class(self.doorbell_dir)  # catch-up markers ring the other followers too
         self.producer = cls(bootstrap_servers=self.bootstrap, acks="all", enable_idempotence=False,
                             **self.kafka, **extra)
@@ -84,10 +85,10 @@ class ControlFollower:
         if self.bell is not None:
             self.bell.stop()
 
-    async def publish(self, record: object, key: bytes | None = None) -> None:
+    async def publish(self, record: BaseModel, key: bytes | None = None) -> None:
         await self.publish_to(self.topic, record, key)
 
-    async def publish_to(self, topic: str, record: object, key: bytes | None = None) -> None:
+    async def publish_to(self, topic: str, record: BaseModel, key: bytes | None = None) -> None:
         """Another topic through the same producer (e.g. `weight_events` next to a control report)."""
         assert self.producer is not None
         await self.producer.send_and_wait(topic, encode(record), key=key)

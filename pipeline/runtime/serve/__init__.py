@@ -1,1 +1,2 @@
-"""What a worker process serves over HTTP: `asgi` (uvicorn inside a process that owns its signals),\n`metrics` (Prometheus metrics, fixed label vocabularies only)."""
+"""What a worker process serves over HTTP: `asgi` (uvicorn inside a process that owns its signals),
+`metrics` (Prometheus metrics, fixed label vocabularies only)."""

@@ -35,7 +35,7 @@ class AsgiServer:
         host = "127.0.0.1" if self.host in ("0.0.0.0", "") else self.host
         return f"http://{host}:{self.port}"
 
-    async def start(self) -> "AsgiServer":
+    async def start(self) -> AsgiServer:
         self._task = asyncio.create_task(self.server.serve(sockets=[self.sock]))
         while not self.server.started:
             if self._task.done():

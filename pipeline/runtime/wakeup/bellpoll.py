@@ -155,7 +155,10 @@ class BellPoller:
         nowait = self.dozing
         if nowait != self._nowait:
             self._nowait, self._chase_ms = nowait, 0
-            self.pacer.set_waits(NOWAIT_FETCH_MS, NOWAIT_FETCH_MS) if nowait else self.pacer.set_waits(self.wait_ms, self.idle_wait_ms)
+            if nowait:
+                self.pacer.set_waits(NOWAIT_FETCH_MS, NOWAIT_FETCH_MS)
+            else:
+                self.pacer.set_waits(self.wait_ms, self.idle_wait_ms)
 
     async def poll(self, max_records: int | None = None, busy: int = 0) -> dict[TopicPartition, list]:
         """Records fetched so far (may be {}); waits for a fetch, or dozes, when there are none.

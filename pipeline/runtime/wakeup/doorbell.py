@@ -104,7 +104,7 @@ class Bell:
         self._timed_out = False
         self._unrung_at: list[float] = []
 
-    async def start(self) -> "Bell":
+    async def start(self) -> Bell:
         self._event = asyncio.Event()
         self._started = time.monotonic()
         loop = asyncio.get_running_loop()

@@ -9,7 +9,7 @@ exactly one worker decides for a tenant) and drives these.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from typing import Literal
 
 from pipeline.config.settings import Deployment
@@ -149,7 +149,7 @@ class Verdict:
 
 
 def _periods(now_ms: int) -> tuple[str, str]:
-    d = datetime.fromtimestamp(now_ms / 1000, tz=timezone.utc)
+    d = datetime.fromtimestamp(now_ms / 1000, tz=UTC)
     return d.strftime("%Y-%m-%d"), d.strftime("%Y-%m")
 
 

@@ -1,1 +1,2 @@
-"""Cache lookup: reuse an answer only when meaning and boundaries match (`gate`, `semantic`,\n`verifier`, `lexicon`, `order`); `eval` and `calibration` fit and measure it offline."""
+"""Cache lookup: reuse an answer only when meaning and boundaries match (`gate`, `semantic`,
+`verifier`, `lexicon`, `order`); `eval` and `calibration` fit and measure it offline."""

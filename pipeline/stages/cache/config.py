@@ -30,7 +30,7 @@ def _default_domains() -> dict[str, DomainRule]:
         "account": DomainRule(threshold=0.55, ttl_s=86_400,
                               keywords=["password", "login", "log in", "account", "profile", "비밀번호", "로그인", "계정"]),
         # strict: the gate plus a high threshold; set threshold: null to never cache a domain
-        "payments": DomainRule(threshold=0.60, ttl_s=86_400, keywords=["refund", "charge", "charged", "card", "payment", "invoice",
+        "payments": DomainRule(threshold=0.60, ttl_s=86_400, keywords=["refund", "charge", "charged", "card", "payment", "invoice",  # noqa: E501 - word data
                                                           "환불", "결제", "카드", "청구"]),
         "medical": DomainRule(threshold=0.60, ttl_s=86_400, keywords=["symptom", "dose", "dosage", "medicine", "doctor", "pain",
                                                          "증상", "복용", "약", "병원", "통증"]),
@@ -68,7 +68,7 @@ class CachePolicy(PolicyModel):
         "outage", " down?", "is it down", "down right", "running late", "delayed", "maintenance", "장애", "먹통",
         "점검 중", "지연",
         # stock, queues and crowds
-        "in stock", "sold out", "wait time", "waiting time", "queue", "crowded", "seats left", "left?", "are left", "is left", "left for",
+        "in stock", "sold out", "wait time", "waiting time", "queue", "crowded", "seats left", "left?", "are left", "is left", "left for",  # noqa: E501 - word data
         "재고", "품절", "대기", "혼잡", "붐비", "남은 좌석", "남아 있", "남아있",
         # conditions outside
         "weather", "forecast", "traffic", "pollen", "air quality", "날씨", "미세먼지", "교통", "꽃가루"])

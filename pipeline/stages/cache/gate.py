@@ -27,6 +27,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from pipeline.engines.text_analyzer import Analysis, Token
+from pipeline.stages.cache.config import CachePolicy
 from pipeline.stages.cache.lexicon import (
     ALTERNATIVE,
     ANTONYMS,
@@ -66,7 +67,6 @@ from pipeline.stages.cache.order import (
     typed_clauses,
 )
 from pipeline.stages.cache.policy import PLACEHOLDER
-from pipeline.stages.cache.config import CachePolicy
 
 # relations that the analysers do not count as content words but that change the question, by
 # what they mean: "before" / 전에, "more" / "over" / 이상 ... (lexicon.RELATIONS)
@@ -216,7 +216,7 @@ def clauses(text: str) -> list[str]:
     return [c for c in re.split(CLAUSE_BREAK, text, flags=re.IGNORECASE) if c and c.strip()]
 
 
-def negation_moved(query: str, candidate: str, analyze: Callable[[str], Analysis], rules: "GateRules") -> bool:
+def negation_moved(query: str, candidate: str, analyze: Callable[[str], Analysis], rules: GateRules) -> bool:
     """A content word negated in one prompt's clause stands un-negated in the other prompt (the
     negation moved to another argument). Only asked when both prompts are negated."""
     def split(text: str) -> tuple[list[Token], list[Token]]:

@@ -109,7 +109,7 @@ QUESTION_KINDS: dict[str, tuple[str, ...]] = {
     "frequency": (r"\bhow often\b", "얼마나 자주", "몇 번마다"),
     "quantity": ("얼마",),
     # "when" asks a time at the start or before an auxiliary, not in "is it ok when I have a cold"
-    "time": (r"^\W*when\b", r"\bwhen (?:will|would|do|does|did|is|are|was|can|could|should|shall)\b", r"\bwhat time\b", r"\bhow soon\b", "언제", r"몇\s?시(?!간)"),
+    "time": (r"^\W*when\b", r"\bwhen (?:will|would|do|does|did|is|are|was|can|could|should|shall)\b", r"\bwhat time\b", r"\bhow soon\b", "언제", r"몇\s?시(?!간)"),  # noqa: E501 - word data
     "place": (r"\bwhere\b", "어디"),
     "reason": (r"\bwhy\b", r"\bhow come\b", r"\bwhat causes\b", "왜", "이유", "원인"),
     # how to do it: the steps (a place answers it too: "where do I download it" / "how do I get it")
@@ -128,7 +128,7 @@ QUESTION_KIND_OVERLAP = {"quantity": {"amount", "count", "duration", "frequency"
 # number?" / "where do I change my number?"). English: an auxiliary first; Korean: a question with
 # no question word (the kinds above, and 어떻게 / 뭐 / 무슨 / 어느 / 어떤).
 YES_NO_EN = r"^\W*(?:can|could|do|does|did|is|are|was|were|will|would|should|shall|may|must|have|has|am)\b"
-WH_KO = ("언제", "어디", "왜", "누가", "누구", "얼마", "몇", "며칠", "어떻게", "어떡", "어케", "뭐", "무엇", "무슨", "어느", "어떤")
+WH_KO = ("언제", "어디", "왜", "누가", "누구", "얼마", "몇", "며칠", "어떻게", "어떡", "어케", "뭐", "무엇", "무슨", "어느", "어떤")  # noqa: E501 - word data
 WH_EN = r"\b(?:what|when|where|why|who|whom|which|how)\b"
 # kinds that must be asked on both sides or neither (when the other side asks anything): a price,
 # a person, a cause ("why is it charged?" / "how much is it?")
@@ -212,11 +212,11 @@ SYNONYMS = [
     {"lower", "reduce", "decrease", "cut"}, {"raise", "increase"}, {"forget", "lose"}, {"apply", "enter", "use"},
     {"drain", "die"},
     {"비밀번호", "비번", "패스워드"}, {"재설정", "초기화", "변경", "바꾸"}, {"배송", "택배", "배달"},
-    {"앱", "어플", "애플리케이션"}, {"환불", "돈"}, {"취소", "캔슬", "해지"}, {"가입", "등록", "신청", "구독"}, {"제품", "상품", "물건"},
+    {"앱", "어플", "애플리케이션"}, {"환불", "돈"}, {"취소", "캔슬", "해지"}, {"가입", "등록", "신청", "구독"}, {"제품", "상품", "물건"},  # noqa: E501 - word data
     {"구매", "구입", "사"}, {"가격", "비용", "요금"}, {"판매", "팔"}, {"연결", "페어링"}, {"출력", "인쇄", "프린트"},
     {"교환", "바꿔"}, {"신청", "접수"}, {"방법", "어떻게"}, {"휴대폰", "폰", "핸드폰", "휴대전화"}, {"기록", "내역"},
     {"리뷰", "후기"}, {"공복", "빈속"}, {"회원", "멤버십"}, {"삭제", "지우"}, {"사인", "서명"}, {"커서", "포인터"},
     {"수정", "변경", "바꾸"}, {"발급", "발행"}, {"스크린샷", "캡처", "화면캡처"}, {"모든", "전체", "전부"},
-    {"카톡", "카카오톡"}, {"잊어버리", "까먹", "잊"}, {"확인", "보", "조회"}, {"대화", "채팅"}, {"성인", "어른"}, {"원인", "이유"}, {"일반", "기본", "보통"},
+    {"카톡", "카카오톡"}, {"잊어버리", "까먹", "잊"}, {"확인", "보", "조회"}, {"대화", "채팅"}, {"성인", "어른"}, {"원인", "이유"}, {"일반", "기본", "보통"},  # noqa: E501 - word data
     {"작성", "남기"}, {"송장", "운송장"}, {"다운로드", "내려받"}, {"저장공간", "용량", "저장용량"},
 ]

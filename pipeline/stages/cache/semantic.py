@@ -28,9 +28,9 @@ from pipeline.engines.embedder import Embedder, vector_from_b64, vector_to_b64
 from pipeline.engines.multilingual import MultilingualEncoder, shared_multilingual
 from pipeline.engines.text_analyzer import TextAnalyzer, shared_analyzer
 from pipeline.security.sealing import Keyring, RestoreError, open_sealed, seal
+from pipeline.stages.cache.config import CachePolicy
 from pipeline.stages.cache.gate import GateRules, GateVerdict, gate
 from pipeline.stages.cache.policy import BOUNDARY_FIELDS, Boundary, boundary_for, bypass_reason, cache_text, detect_domain
-from pipeline.stages.cache.config import CachePolicy
 from pipeline.stages.cache.verifier import Verifier, features
 from pipeline.stores.vector_index import Condition, IndexEntry, Match, Range, VectorIndex
 

@@ -42,7 +42,7 @@ class CacheStage(Stage):
         embedder = await ready_shared_embedder(self.ctx.settings.resolved_data_dir() / "models")
         spec = index_spec(self.ctx)
         if spec.startswith("edge:"):
-            Path(spec[5:]).mkdir(parents=True, exist_ok=True)
+            Path(spec[5:]).mkdir(parents=True, exist_ok=True)  # noqa: ASYNC240 - once, at start
         key = self.ctx.settings.qdrant_api_key
         index = await asyncio.to_thread(open_index, spec, embedder.dim, KEYWORD_FIELDS, NUMERIC_FIELDS,
                                         key.get_secret_value() if key else None)

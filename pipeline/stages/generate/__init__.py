@@ -1,1 +1,3 @@
-"""Generate: vLLM and OpenAI-compatible deployments with fallback and breakers (`deployments`,\n`attempts`), streaming (`stream`), fair batching (`fair_gate`, `coalesce`), LoRA (`lora/`), RL\nrollouts (`rollouts/`), the actor revision (`actor`)."""
+"""Generate: vLLM and OpenAI-compatible deployments with fallback and breakers (`deployments`,
+`attempts`), streaming (`stream`), fair batching (`fair_gate`, `coalesce`), LoRA (`lora/`), RL
+rollouts (`rollouts/`), the actor revision (`actor`)."""

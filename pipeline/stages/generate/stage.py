@@ -215,7 +215,7 @@ class GenerateStage(Stage):
 
     # ---- LoRA adapters and the actor -------------------------------------------------------------
 
-    async def _prepare_adapter(self, a: "Attempts", d: Deployment, spec: AdapterSpec) -> tuple[str, float]:
+    async def _prepare_adapter(self, a: Attempts, d: Deployment, spec: AdapterSpec) -> tuple[str, float]:
         """Make `spec` resident in `d`'s engine (AdapterHost). Every move is evidence (`generate.adapter`)
         of this request and a `weight_events` row. Returns the state it found and the load time."""
         before, load_ms, moves = await self.host.prepare(d, spec)

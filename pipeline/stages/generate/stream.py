@@ -70,10 +70,10 @@ class DeltaFlusher:
         self.seal_with = keyring if policy.seal else None
 
     def sink(self, request_id: str, attempt: str, partition: int,
-             unmasker: StreamUnmasker | None = None, tenant_id: str | None = None) -> "DeltaSink":
+             unmasker: StreamUnmasker | None = None, tenant_id: str | None = None) -> DeltaSink:
         return DeltaSink(request_id, attempt, flusher=self, partition=partition, unmasker=unmasker, tenant_id=tenant_id)
 
-    def wait(self, sink: "DeltaSink", urgent: bool) -> None:
+    def wait(self, sink: DeltaSink, urgent: bool) -> None:
         """Step 2. "At once" is the next loop turn: the pieces an engine step made for several
         requests arrive in one turn (vLLM wakes every request's output stream together), and go in
         one flush."""
@@ -88,7 +88,7 @@ class DeltaFlusher:
         elif self._timer is None:
             self._timer = loop.call_later(self.throttle.wait_ms(now) / 1000, self._flush_timed)
 
-    def drop(self, sink: "DeltaSink") -> None:
+    def drop(self, sink: DeltaSink) -> None:
         self._waiting.pop(sink, None)
 
     def _flush_soon(self) -> None:
@@ -116,7 +116,7 @@ class DeltaFlusher:
         self.flushes += 1
         self.hand(batch)
 
-    def hand(self, batch: list[tuple["DeltaSink", Delta | asyncio.Future]]) -> None:
+    def hand(self, batch: list[tuple[DeltaSink, Delta | asyncio.Future]]) -> None:
         if not batch:
             return
         if self._writer is None:
@@ -205,7 +205,7 @@ class DeltaSink:
             return
         await self._close([])
 
-    async def _close(self, batch: list[tuple["DeltaSink", Delta | asyncio.Future]]) -> None:
+    async def _close(self, batch: list[tuple[DeltaSink, Delta | asyncio.Future]]) -> None:
         assert self.flusher is not None
         self._closed = True
         self.flusher.drop(self)

@@ -65,7 +65,7 @@ PO_BOX = Pattern("post office box", r"\bP\.?\s?O\.?\s?Box\s\d{1,7}\b", 0.6)
 
 _DE_TYPES = "straße|strasse|str\\.|weg|gasse|allee|platz|ring|damm|ufer|chaussee|steig|pfad|markt|straat|laan|plein|gracht|kade"
 _DE_WORD_TYPES = "Straße|Strasse|Str\\.|Weg|Gasse|Allee|Platz|Ring|Damm|Ufer|Chaussee|Markt"
-_POSTAL_CITY = r"(?:,?\s(?:D-|A-|CH-|NL-)?\d{4,5}(?:\s?[A-Z]{2})?\s[A-ZÄÖÜ][a-zäöüßA-Z.-]{1,30}(?:\s(?:am|an der|im|ob der)\s[A-ZÄÖÜ][a-zäöüß]{1,20})?)?"
+_POSTAL_CITY = r"(?:,?\s(?:D-|A-|CH-|NL-)?\d{4,5}(?:\s?[A-Z]{2})?\s[A-ZÄÖÜ][a-zäöüßA-Z.-]{1,30}(?:\s(?:am|an der|im|ob der)\s[A-ZÄÖÜ][a-zäöüß]{1,20})?)?"  # noqa: E501 - word data
 # Hauptstraße 5 | Berliner Straße 12a | Am Markt 3 [, 10115 Berlin]
 GERMANIC_STREET_ADDRESS = Pattern(
     "street and house number (German, Dutch)",

@@ -4,9 +4,10 @@ common grouping, IPs next to Korean particles, US social-security numbers, and K
 foreigner registration numbers.
 
 Policy: a number is dropped only when a checksum that really exists fails (cards: Luhn, IBAN:
-mod 97, in Presidio's recognizers) or when the text names it as something else (an order number). Shape rules that merely call a number "a sample" (123-45-6789,
-Presidio's SSN blocklist) or checksums that no longer hold (Korean RRNs issued since October 2020
-have none) never unmask anything: a false positive costs a placeholder, a miss leaks."""
+mod 97, in Presidio's recognizers) or when the text names it as something else (an order number).
+Shape rules that merely call a number "a sample" (123-45-6789, Presidio's SSN blocklist) or
+checksums that no longer hold (Korean RRNs issued since October 2020 have none) never unmask
+anything: a false positive costs a placeholder, a miss leaks."""
 
 from __future__ import annotations
 

@@ -88,7 +88,7 @@ _KO_TITLE_AFTER = re.compile(r"\s(?:고객|선생|과장|부장|대리|사장|�
                              r"기사|작가|씨|님|군|양|매니저|선수|감독|변호사|의사|박사)")
 _HANGUL_WORD = re.compile(r"(?<![가-힣])[가-힣]{3,9}(?![가-힣])")
 # second part of a compound noun after a frequent first word: 배송+지, 이번+주, 최저+가, 주문+서
-_NOUN_SUFFIX = set("지가주서자문부일금표비료권실장점사원층용형식법품기물국관소처제율액량별상성화적력감대도함간선내외후전중들경측쪽")
+_NOUN_SUFFIX = set("지가주서자문부일금표비료권실장점사원층용형식법품기물국관소처제율액량별상성화적력감대도함간선내외후전중들경측쪽")  # noqa: E501 - word data
 
 
 _KIWI: Any = None

@@ -132,7 +132,7 @@ class Masker:
                 found = self._analyze_windows(text)
         except MaskFailed:
             raise
-        except Exception as exc:  # noqa: BLE001 - any recognizer failure: the text must not pass
+        except Exception as exc:
             raise MaskFailed(f"PII detection failed: {type(exc).__name__}") from exc
         for r in found:  # an address's unit, postcode and city belong to it
             if r.entity_type == "LOCATION":

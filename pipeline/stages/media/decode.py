@@ -21,7 +21,7 @@ from pipeline.config.settings import MAX_IMAGE_PIXELS as DEFAULT_MAX_PIXELS
 
 os.environ.setdefault("OPENCV_IO_MAX_IMAGE_PIXELS", str(DEFAULT_MAX_PIXELS))
 
-import cv2  # noqa: E402
+import cv2
 
 from pipeline.stages.media.config import ProcessorConfig
 

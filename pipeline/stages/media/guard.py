@@ -58,7 +58,8 @@ def vet_url(url: str, rules: FetchRules, tenant: str | None = None) -> Target | 
         return _refuse("unparseable URL")
     scheme = parts.scheme.lower()
     if scheme not in rules.schemes:
-        return Refusal("unsupported_format" if scheme == "data" else "fetch_refused", f"scheme {scheme or '(none)'!r} not allowed")
+        return Refusal("unsupported_format" if scheme == "data" else "fetch_refused",
+                       f"scheme {scheme or '(none)'!r} not allowed")
     if "@" in parts.netloc or parts.username is not None or parts.password is not None:
         return _refuse("credentials in the URL")
     raw_host = (parts.hostname or "").rstrip(".")

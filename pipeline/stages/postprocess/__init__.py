@@ -1,1 +1,2 @@
-"""Postprocess: un-mask where allowed, validate against the caller's schema (`schema`), write back\nto the cache, the terminal answer."""
+"""Postprocess: un-mask where allowed, validate against the caller's schema (`schema`), write back
+to the cache, the terminal answer."""

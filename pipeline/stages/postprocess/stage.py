@@ -1,6 +1,7 @@
-"""postprocess: the answer. Takes the generated (or cached) text, un-masks it where the tenant's
-policy allows, validates it against the JSON schema the caller asked for, writes cacheable misses back to the cache (a `control` record every cache worker
-applies), and answers the caller; the runtime writes the finished-request row from the answer.
+"""postprocess: the answer. Takes the generated (or cached) text, un-masks it where the tenant's policy
+allows, validates it against the JSON schema the caller asked for, writes cacheable misses back to
+the cache (a `control` record every cache worker applies), and answers the caller; the runtime
+writes the finished-request row from the answer.
 """
 
 from __future__ import annotations

@@ -1,1 +1,2 @@
-"""Route: model, adapter, tools, placement and experiment variant, with the reasons recorded\n(`policy`, `experiments`)."""
+"""Route: model, adapter, tools, placement and experiment variant, with the reasons recorded
+(`policy`, `experiments`)."""

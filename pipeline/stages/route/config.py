@@ -71,7 +71,7 @@ class RoutePolicy(PolicyModel):
                                                                       "variant runs with")
 
     @model_validator(mode="after")
-    def _experiments_fit(self) -> "RoutePolicy":
+    def _experiments_fit(self) -> RoutePolicy:
         on_route: dict[str, str] = {}
         for e in self.experiments:
             if e.route not in self.routes:

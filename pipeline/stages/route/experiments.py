@@ -40,7 +40,7 @@ class Experiment(BaseModel):
     enabled: bool = True
 
     @model_validator(mode="after")
-    def _unique_variants(self) -> "Experiment":
+    def _unique_variants(self) -> Experiment:
         names = [v.name for v in self.variants]
         if len(set(names)) != len(names):
             raise ValueError(f"experiment {self.name}: variant names repeat ({names})")

@@ -24,8 +24,8 @@ from pipeline.runtime.codec import decode, encode
 from pipeline.runtime.dlq import dead_letter
 from pipeline.runtime.errors import DecodeError
 from pipeline.runtime.handler import Item
-from pipeline.runtime.serve.metrics import StageMetrics
 from pipeline.runtime.outputs import Outputs
+from pipeline.runtime.serve.metrics import StageMetrics
 from pipeline.runtime.topics import TopicNames
 from pipeline.stores import warehouse_rows as rows
 from pipeline.stores.warehouse import Warehouse

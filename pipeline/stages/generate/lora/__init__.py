@@ -1,1 +1,2 @@
-"""Multi-LoRA: which adapters an engine holds (`residency`, `host`) and when a request's adapter is\nrefused (`refusal`)."""
+"""Multi-LoRA: which adapters an engine holds (`residency`, `host`) and when a request's adapter is
+refused (`refusal`)."""

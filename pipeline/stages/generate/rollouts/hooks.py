@@ -65,7 +65,7 @@ class HookRule(BaseModel):
     range: tuple[float, float] | None = Field(None, description="rewards: [lo, hi]; a value outside is clipped")
 
     @model_validator(mode="after")
-    def _range(self) -> "HookRule":
+    def _range(self) -> HookRule:
         if self.range is not None and not (math.isfinite(self.range[0]) and math.isfinite(self.range[1])
                                            and self.range[0] < self.range[1]):
             raise ValueError(f"range must be finite with lo < hi, got {list(self.range)}")
@@ -116,7 +116,7 @@ class RolloutHooks(BaseModel):
     _python: dict[str, Callable[..., Any]] = PrivateAttr(default_factory=dict)
 
     @model_validator(mode="after")
-    def _load(self) -> "RolloutHooks":
+    def _load(self) -> RolloutHooks:
         """Shipped hooks get their shipped bounds, tightened by the operator's; python hooks are imported now."""
         for kind, rules in (("verifier", self.verifiers), ("reward", self.rewards)):
             table, shipped = SHIPPED[kind]  # type: ignore[index]

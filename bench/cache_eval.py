@@ -6,7 +6,7 @@
 
 What `llmpipe cache-eval --pairs F` does per file, for every file of tests/data/cache_pairs*.jsonl, with
 one embedder loaded once: each pair's `a` is written as a fresh entry (its own data version) into a
-fresh embedded index, `b` is looked up, hit/miss is compared to the label (pipeline/stages/cache/eval.py).
+fresh embedded index, `b` is looked up, hit/miss is compared to the label (pipeline/evaluation/cache.py).
 Default cache policy and the shipped verifier. Per set: precision, recall, false hits, cross-tenant
 and volatile hits, lookup ms, then per kind and per language; why the `same` pairs missed (bypass,
 below threshold, the gate's failed checks, the verifier); where the false hits are (line and kind,
@@ -102,9 +102,9 @@ def _by_lang(pairs: list[dict[str, Any]], langs: list[str]) -> dict[str, dict[st
 
 
 def evaluate_set(embedder: Any, name: str, gate_only: bool) -> dict[str, Any]:
+    from pipeline.evaluation.cache import evaluate, read_pairs
     from pipeline.security.sealing import Keyring
     from pipeline.stages.cache.config import CachePolicy
-    from pipeline.stages.cache.eval import evaluate, read_pairs
     from pipeline.stages.cache.semantic import (
         KEYWORD_FIELDS,
         NUMERIC_FIELDS,

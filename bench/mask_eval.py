@@ -6,7 +6,7 @@
 What `llmpipe mask-eval --file F` does per file, for every tests/data/pii_*.jsonl, with one Masker
 (default MaskPolicy) loaded once: a labelled value counts as caught only when every letter and digit
 of it lies inside a detected span; a negative sentence with any detection is a false positive
-(pipeline/stages/mask/eval.py). Per set: recall per type and per language, false positives on the
+(pipeline/evaluation/mask.py). Per set: recall per type and per language, false positives on the
 negatives and their types, spans on positive sentences that touch no labelled value, ms per
 request, and the misses counted by type and language (never a value or a sentence). Sets are marked
 `tuned` (recognizers, lists or cues were written or fitted against them) or `held_out` (never tuned
@@ -53,7 +53,7 @@ TARGET_RECALL, TARGET_FP = 0.95, 0.05
 
 
 def evaluate_set(masker: Any, name: str) -> dict[str, Any]:
-    from pipeline.stages.mask.eval import evaluate, read_sentences
+    from pipeline.evaluation.mask import evaluate, read_sentences
 
     path = DATA / f"{name}.jsonl"
     t0 = time.perf_counter()

@@ -51,9 +51,9 @@ def embedder():
 
 def evaluate_file(embedder, path: Path, **policy) -> dict:
     """cache-eval's evaluation on a fresh embedded index, with the default cache policy."""
+    from pipeline.evaluation.cache import evaluate, read_pairs
     from pipeline.security.sealing import Keyring
     from pipeline.stages.cache.config import CachePolicy
-    from pipeline.stages.cache.eval import evaluate, read_pairs
     from pipeline.stages.cache.semantic import (
         KEYWORD_FIELDS,
         NUMERIC_FIELDS,

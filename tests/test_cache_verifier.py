@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from pipeline.stages.cache.calibration import (
+from pipeline.evaluation.cache_fit import (
     REFUSE_ALL,
     choose_threshold,
     false_hit_bound,

@@ -2,7 +2,7 @@
 
 - every module lives in a package (no loose modules under `pipeline/`);
 - `config` and `contracts` import nothing else from `pipeline` (config may read contracts);
-- the top layer (`app`, the one assembly point; `analysis`; `training`; `demo`; `cli`) is imported
+- the top layer (`app`, the one assembly point; `analysis`; `training`; `demo`; `evaluation`; `cli`) is imported
   by nothing below it, and only the CLI imports the CLI;
 - `registries` import only `config` and `contracts`; `security` only those and `registries`;
 - `engines`, `stores`, `ingress` and `runtime` never import a stage (the runtime loads stages
@@ -22,7 +22,7 @@ ONLY = {  # package -> the packages it may import (itself always)
     "registries": {"config", "contracts"},
     "security": {"config", "contracts", "registries"},
 }
-TOP = {"app", "analysis", "training", "demo", "cli"}
+TOP = {"app", "analysis", "training", "demo", "evaluation", "cli"}
 NO_STAGES = {"engines", "stores", "ingress", "runtime", "registries", "security", "config", "contracts",
              "analysis", "training", "demo"}
 ALLOWED_STAGE_EDGES = {

@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
+from pipeline.evaluation.mask import evaluate, read_sentences
 from pipeline.stages.mask.config import MaskPolicy
-from pipeline.stages.mask.eval import evaluate, read_sentences
 from pipeline.stages.mask.pii import Masker
 from tests.support.cli import llmpipe_in_process
 

@@ -197,9 +197,9 @@ def cache_eval(pairs: Annotated[Path, typer.Option("--pairs", exists=True, dir_o
     from rich.table import Table
 
     from pipeline.engines.embedder import Embedder
+    from pipeline.evaluation.cache import evaluate, read_pairs
     from pipeline.security.sealing import Keyring
     from pipeline.stages.cache.config import CachePolicy
-    from pipeline.stages.cache.eval import evaluate, read_pairs
     from pipeline.stages.cache.semantic import KEYWORD_FIELDS, NUMERIC_FIELDS, SemanticCache
     from pipeline.stores.vector_index import open_index
 
@@ -249,8 +249,8 @@ def cache_fit(pairs: Annotated[list[Path], typer.Option("--pairs", exists=True, 
     import tempfile
 
     from pipeline.engines.embedder import Embedder
+    from pipeline.evaluation.cache_fit import fit
     from pipeline.security.sealing import Keyring
-    from pipeline.stages.cache.calibration import fit
     from pipeline.stages.cache.config import CachePolicy
     from pipeline.stages.cache.semantic import KEYWORD_FIELDS, NUMERIC_FIELDS, SemanticCache
     from pipeline.stores.vector_index import open_index

@@ -172,8 +172,8 @@ def mask_eval(file: Annotated[Path, typer.Option("--file", exists=True, dir_okay
     """Recall per PII type, false-positive rate on negatives and ms per request of the configured mask policy."""
     from rich.table import Table
 
+    from pipeline.evaluation.mask import evaluate, read_sentences
     from pipeline.stages.mask.config import MaskStagePolicy
-    from pipeline.stages.mask.eval import evaluate, read_sentences
     from pipeline.stages.mask.pii import Masker
 
     policy = _stage_policy(_settings(data_dir, config, bootstrap), "mask", MaskStagePolicy)

@@ -26,7 +26,7 @@ from scipy.optimize import minimize
 from scipy.stats import beta
 from sklearn.model_selection import GroupKFold
 
-from pipeline.stages.cache.eval import Pair, read_pairs
+from pipeline.evaluation.cache import Pair, read_pairs
 from pipeline.stages.cache.gate import GateVerdict
 from pipeline.stages.cache.verifier import FEATURES, MONOTONE, Verifier
 

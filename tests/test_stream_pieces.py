@@ -10,6 +10,7 @@ import pytest
 from pipeline.contracts import Response, Status
 from pipeline.contracts.stream import Delta
 from pipeline.ingress.stream_follow import StreamFollower
+from pipeline.runtime.stage import StreamPort
 from pipeline.security.sealing import unmask
 from pipeline.security.stream_unmask import MAX_PLACEHOLDER, StreamUnmasker
 from pipeline.stages.generate.coalesce import Coalescer, Throttle
@@ -188,7 +189,7 @@ async def test_a_delta_sink_sends_in_order_flushes_on_a_timer_and_ends_with_what
     from pipeline.stages.generate.stream import DeltaFlusher, DeltaSink
 
     rec = _Recorder()
-    flusher = DeltaFlusher(rec, "deltas", window_ms=20, max_tokens=16)
+    flusher = DeltaFlusher(StreamPort(rec, "deltas"), window_ms=20, max_tokens=16)
     sink = flusher.sink("r", "w:1", 3, StreamUnmasker(MAPPING))
     sink.piece("Hi ", [1], None)  # goes at once (in the next loop turn, with whatever else came in this one)
     await asyncio.sleep(0)
@@ -218,7 +219,7 @@ async def test_concurrent_streams_flush_together_and_no_piece_waits_past_the_win
 
     rec = _Recorder()
     window_s = 0.05
-    flusher = DeltaFlusher(rec, "deltas", window_ms=window_s * 1000, max_tokens=4)
+    flusher = DeltaFlusher(StreamPort(rec, "deltas"), window_ms=window_s * 1000, max_tokens=4)
     sinks = [flusher.sink(f"r{i}", f"w:{i}", 3) for i in range(4)]
     for i, s in enumerate(sinks):  # an engine step's first pieces for four requests, in one loop turn
         s.piece(f"{i}a", [1], None)  # a first piece goes at once (caller TTFT): in the next turn, all four
@@ -268,7 +269,7 @@ async def _sealed_stream(keyring, request_id: str = "req-1") -> list[Delta]:
     from pipeline.stages.generate.stream import DeltaFlusher
 
     rec = _Recorder()
-    flusher = DeltaFlusher(rec, "deltas")
+    flusher = DeltaFlusher(StreamPort(rec, "deltas"))
     flusher.configure(StreamPolicy(), keyring)  # the default policy seals
     sink = flusher.sink(request_id, "w:1", 3)
     for i, piece in enumerate(SECRET_ANSWER):
@@ -319,7 +320,7 @@ def test_sealing_needs_the_keyring_and_can_be_turned_off():
     from pipeline.stages.generate.config import StreamPolicy
     from pipeline.stages.generate.stream import DeltaFlusher
 
-    flusher = DeltaFlusher(_Recorder(), "deltas")
+    flusher = DeltaFlusher(StreamPort(_Recorder(), "deltas"))
     with pytest.raises(RuntimeError, match="keyring"):
         flusher.configure(StreamPolicy(), None)  # never a plain delta because the key was not there
     flusher.configure(StreamPolicy(seal=False), None)

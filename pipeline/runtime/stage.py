@@ -16,6 +16,7 @@ from pydantic import BaseModel
 
 from pipeline.config.settings import RuntimeSettings, Settings, StageSpec
 from pipeline.contracts import Evidence, RequestDoc, Response, Rollout
+from pipeline.runtime.codec import encode
 
 
 @dataclass
@@ -68,6 +69,28 @@ class SideEffects:
     answers: list[Outcome] = field(default_factory=list)
 
 
+class StreamPort:
+    """A stage's typed way to send records while it works, outside its batch's outcomes (generate's
+    streamed deltas): one topic, a wire model in, encoded here and handed to the worker's producer in
+    call order. The stage holds no Kafka object."""
+
+    def __init__(self, producer: Any, topic: str) -> None:
+        self._producer, self.topic = producer, topic
+
+    async def send(self, record: BaseModel, key: bytes | None = None, partition: int | None = None) -> None:
+        await self._producer.send(self.topic, encode(record), key=key, partition=partition)
+
+
+@dataclass
+class Ports:
+    """What the worker hands a stage before start(): a StreamPort per topic the stage streams to."""
+
+    producer: Any
+
+    def stream(self, topic: str) -> StreamPort:
+        return StreamPort(self.producer, topic)
+
+
 @dataclass
 class StageContext:
     spec: StageSpec
@@ -108,9 +131,9 @@ class Stage:
         self.name = ctx.name
         self.follower: Any = None  # a ControlFollower once follow_control() ran
         # set by the worker's handler before start(): the withdrawn requests (runtime/follow/cancels.py) and
-        # the worker's producer, for records a stage sends while it works (generate's deltas)
+        # the ports for records a stage sends while it works (generate's deltas)
         self.cancels: Any = None
-        self.producer: Any = None
+        self.ports: Ports | None = None
         self.policy: Any = self.policy_model.model_validate(ctx.policy) if self.policy_model else ctx.policy
 
     @property

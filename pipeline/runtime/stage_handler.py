@@ -47,7 +47,7 @@ from pipeline.runtime.follow.cancels import CancelWatch
 from pipeline.runtime.handler import Item
 from pipeline.runtime.outputs import Outputs, ReplyCheck
 from pipeline.runtime.serve.metrics import StageMetrics
-from pipeline.runtime.stage import Outcome, SideRecord, Stage
+from pipeline.runtime.stage import Outcome, Ports, SideRecord, Stage
 from pipeline.runtime.topics import TopicNames
 from pipeline.runtime.topology import Topology
 
@@ -109,7 +109,7 @@ class StageHandler:
             s = ctx.settings
             self.cancels = await CancelWatch(ctx.bootstrap, self.names.cancel, s.kafka,
                                              s.doorbell_dir if s.consumer.doorbell else None).start(producer)
-        self.stage.cancels, self.stage.producer = self.cancels, producer
+        self.stage.cancels, self.stage.ports = self.cancels, Ports(producer)
         await self.stage.start()
 
     async def stop(self) -> None:

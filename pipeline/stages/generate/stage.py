@@ -480,10 +480,10 @@ class GenerateStage(Stage):
         attempt = f"{self.member}:{next(self._attempt_seq)}"
         a.attempt_ids.append(attempt)
         reply = doc.reply_to
-        if reply is None or not reply.stream or doc.rollout is not None or self.producer is None:
+        if reply is None or not reply.stream or doc.rollout is not None or self.ports is None:
             return DeltaSink(doc.request_id, attempt)
         if self.deltas is None:
-            self.deltas = DeltaFlusher(self.producer, self.names.deltas)
+            self.deltas = DeltaFlusher(self.ports.stream(self.names.deltas))
         self.deltas.configure(self.policy.stream, self.keyring)  # coalescing, and sealing (stream.seal)
         return self.deltas.sink(doc.request_id, attempt, reply.partition, self._unmasker(doc), doc.tenant_id)
 

@@ -33,7 +33,7 @@ import logging
 import time
 
 from pipeline.contracts.stream import Delta
-from pipeline.runtime.codec import encode
+from pipeline.runtime.stage import StreamPort
 from pipeline.security.sealing import DeltaSealer, Keyring
 from pipeline.security.stream_unmask import StreamUnmasker
 from pipeline.stages.generate.coalesce import Chunk, Coalescer, Throttle
@@ -49,8 +49,8 @@ def _now_ms() -> float:
 class DeltaFlusher:
     """Steps 2-4 for every streaming attempt of one worker; `stop()` when the worker stops."""
 
-    def __init__(self, producer, topic: str, *, window_ms: float = 25.0, max_tokens: int = 16) -> None:
-        self.producer, self.topic = producer, topic
+    def __init__(self, port: StreamPort, *, window_ms: float = 25.0, max_tokens: int = 16) -> None:
+        self.port = port
         self.throttle = Throttle(window_ms)
         self.max_tokens = max_tokens
         self.flushes = 0
@@ -132,7 +132,7 @@ class DeltaFlusher:
                         item.set_result(None)
                     continue
                 try:
-                    await self.producer.send(self.topic, encode(item), key=sink.key, partition=sink.partition)
+                    await self.port.send(item, key=sink.key, partition=sink.partition)
                     sink.sent += 1
                 except Exception as exc:  # noqa: BLE001 - a preview lost; the terminal answer is whole
                     sink.failed += 1

@@ -215,7 +215,7 @@ async def test_a_replayed_request_id_is_refused_and_a_redelivered_record_is_not(
     # another tenant's id never collides; a caller's retry (attempt + 1) is a new decision
     assert (await stage.process(_req("r1", "5:1", tenant="globex"))).doc.admission is not None
     assert (await stage.process(_req("r1", "5:2", attempt=1))).doc.admission is not None
-    assert [h.decided_key for h in stage.states["acme"].holds.values()] == ["r1/1"], "r1/0 settled, counted once"
+    assert [h.decided_key for h in stage.book.states["acme"].holds.values()] == ["r1/1"], "r1/0 settled, counted once"
 
 
 async def test_request_ids_are_bounded_per_tenant_and_survive_a_restart(tmp_path):
@@ -226,13 +226,13 @@ async def test_request_ids_are_bounded_per_tenant_and_survive_a_restart(tmp_path
     side = []
     for i in range(3):
         side += (await stage.process(_req(f"r{i}", f"0:{i}"))).side
-    assert list(stage.request_ids.by_tenant["acme"]) == ["r1/0", "r2/0"], "the oldest is forgotten past the cap"
+    assert list(stage.replays.ids.by_tenant["acme"]) == ["r1/0", "r2/0"], "the oldest is forgotten past the cap"
     # the hold records carry the record that took each id: a restarted admit refuses the replay too
     fresh = _admit(tmp_path, max_request_ids=2)
     for rec in side:
         if rec.topic == "admit.state" and rec.value is not None:
-            fresh._restore(0, decode(encode(rec.value), AdmitStateRecord).root)
-    assert fresh.request_ids.origin_of("acme", "r2/0") == "0:2"
+            fresh.changelog._restore_one(0, decode(encode(rec.value), AdmitStateRecord).root)
+    assert fresh.replays.ids.origin_of("acme", "r2/0") == "0:2"
     await _released(fresh, "r2")
     out = await fresh.process(_req("r2", "1:50"))
     assert out.response is not None and out.response.error_class == "duplicate_request"
@@ -248,14 +248,14 @@ async def test_idempotency_claims_are_bounded_per_tenant(tmp_path):
     # both still running: a third key is refused with a clear error, not held
     full = await stage.process(_req("k2", "0:2", idempotency_key="key-2"))
     assert full.response is not None and full.response.error_class == "too_many_idempotency_keys"
-    assert len(stage.claims["acme"]) == 2
+    assert len(stage.keys.claims["acme"]) == 2
     # k0 finished: a new key forgets the oldest finished claim (a tombstone on the changelog)
     from pipeline.contracts import AdmitRelease
     await stage.on_side_input("admit.release", AdmitRelease(
         request_id="k0", tenant_id="acme", status="ok", answered_by="postprocess",
         response=Response(request_id="k0", tenant_id="acme", status=Status.ok, answered_by="postprocess")))
     out = await stage.process(_req("k3", "0:3", idempotency_key="key-3"))
-    assert out.doc.admission is not None and len(stage.claims["acme"]) == 2
+    assert out.doc.admission is not None and len(stage.keys.claims["acme"]) == 2
     assert any(r.key and r.key.startswith(b"i/acme/") and r.value is None for r in out.side), "k0's claim dropped"
     await _released(stage, "k1")
     again = await stage.process(_req("k4", "0:4", idempotency_key="key-0"))

@@ -21,10 +21,13 @@ past the entry topic) has nothing to tell by and is not checked.
 from __future__ import annotations
 
 from collections import OrderedDict, defaultdict
+from collections.abc import Callable
 from dataclasses import dataclass
 
+from pipeline.config.tenants import TenantLimits
 from pipeline.contracts import Evidence, RequestDoc, Response, Status
 from pipeline.runtime.stage import Outcome
+from pipeline.stages.admit.config import AdmitPolicy
 from pipeline.stages.admit.policy import decided_key
 
 
@@ -72,29 +75,35 @@ class RequestIds:
 
 
 class Replays:
-    """The replay half of AdmitStage."""
+    """Replayed request ids, for the tenants this worker owns (the rules above). `answered(tenant, key)`
+    says whether admit has answered that (request_id, attempt); `evidence` and `name` are the stage's."""
 
-    def _replayed(self, doc: RequestDoc, tenant: str, now_ms: int) -> Outcome | None:
+    def __init__(self, limits_for: Callable[[str], TenantLimits], policy: AdmitPolicy, name: str,
+                 evidence: Callable[..., Evidence], answered: Callable[[str, str], bool]) -> None:
+        self.limits_for, self.policy, self.name = limits_for, policy, name
+        self.evidence, self.answered = evidence, answered
+        self.ids = RequestIds()
+
+    def check(self, doc: RequestDoc, tenant: str, now_ms: int) -> Outcome | None:
         """None: a request seen for the first time (or its own record again); else the replay's end."""
         if doc.origin is None:
             return None
         key = decided_key(doc.request_id, doc.attempt)
-        first = self.request_ids.take(tenant, key, doc.origin, now_ms, now_ms + self.policy.remember_request_ids_ms,
-                                      self.registry.limits_for(tenant).max_request_ids)
+        first = self.ids.take(tenant, key, doc.origin, now_ms, now_ms + self.policy.remember_request_ids_ms,
+                              self.limits_for(tenant).max_request_ids)
         if first is None:
             return None
-        state = self.states.get(tenant)
-        if state is None or key not in state.settled:  # its one answer is still to come: no second one
-            return Outcome.park(doc, [], self._replay_evidence(doc, "duplicate_dropped",
-                                                               f"id taken by record {first.origin}, still running"))
+        if not self.answered(tenant, key):  # its one answer is still to come: no second one
+            return Outcome.park(doc, [], self._evidence(doc, "duplicate_dropped",
+                                                        f"id taken by record {first.origin}, still running"))
         # answered with no tenant, like any record nobody vouches for: its row in `requests` never
         # replaces the tenant's own answer's, and there is nothing for admit to settle
         resp = Response(request_id=doc.request_id, status=Status.rejected, error_class="duplicate_request",
                         answered_by=self.name,
                         reason="this request_id was already used and answered; a new request needs a new id")
         return Outcome.answer(doc.model_copy(update={"tenant_id": None}), resp,
-                              self._replay_evidence(doc, "rejected", f"duplicate_request: id taken by record {first.origin}"))
+                              self._evidence(doc, "rejected", f"duplicate_request: id taken by record {first.origin}"))
 
-    def _replay_evidence(self, doc: RequestDoc, decision: str, reason: str) -> Evidence:
+    def _evidence(self, doc: RequestDoc, decision: str, reason: str) -> Evidence:
         """Filed under `admit.replay`: the original's own admit row (same id and attempt) stays as it was."""
         return self.evidence(doc, decision, reason).model_copy(update={"stage": f"{self.name}.replay"})

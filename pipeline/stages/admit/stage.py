@@ -18,8 +18,9 @@ Every state change is written to `admit.state` (partition = the tenant's admit p
 with the decision's outputs, so before its input offset is committed) and restored when a worker
 is assigned the partition, before any of its records is processed.
 
-Decisions in policy.py, the changelog in state.py, idempotency keys in idempotency.py; tenants and
-limits in pipeline/registries/tenants.py (config + `control`).
+Composed of: the meters (`AdmitBook`) and the changelog (`AdmitChangelog`) in state.py, the
+idempotency claims (`IdempotencyKeys`) in idempotency.py, replayed request ids (`Replays`) in
+request_ids.py; decisions in policy.py; tenants and limits in pipeline/registries/tenants.py.
 """
 
 from __future__ import annotations
@@ -48,13 +49,12 @@ from pipeline.runtime.stage import Outcome, SideEffects, SideRecord, Stage, Stag
 from pipeline.runtime.topics import TopicNames, load_registry
 from pipeline.security.sealing import keyring_for
 from pipeline.stages.admit.config import AdmitPolicy
-from pipeline.stages.admit.idempotency import Claim, Idempotency
+from pipeline.stages.admit.idempotency import Claim, IdempotencyKeys
 from pipeline.stages.admit.policy import (
     Ask,
     Hold,
     Lane,
     Meter,
-    TenantState,
     Verdict,
     admit,
     decided_key,
@@ -65,15 +65,15 @@ from pipeline.stages.admit.policy import (
     split_share,
     worst_case_cost,
 )
-from pipeline.stages.admit.request_ids import Replays, RequestIds
-from pipeline.stages.admit.state import STATE_TOPIC, AdmitState
+from pipeline.stages.admit.request_ids import Replays
+from pipeline.stages.admit.state import STATE_TOPIC, AdmitBook, AdmitChangelog
 from pipeline.stages.generate.lora.refusal import adapter_refusal
 
 log = logging.getLogger(__name__)
 
 
 
-class AdmitStage(AdmitState, Idempotency, Replays, Stage):
+class AdmitStage(Stage):
     # One record per processor: the runtime sends a batch's outputs when the whole batch is decided,
     # so a waiting request in a batch would hold back an admitted one whose completion it waits for.
     max_batch = 1
@@ -86,12 +86,13 @@ class AdmitStage(AdmitState, Idempotency, Replays, Stage):
         self.keyring = keyring_for(ctx.settings)  # seals idempotency results at rest
         self.adapters = AdapterRegistry(ctx.settings.adapters)
         self.deployments = {d.name: d for d in ctx.settings.deployments}
-        self.states: dict[str, TenantState] = defaultdict(TenantState)
-        self.shares: dict[int, dict[str, Meter]] = {}  # partition -> deployment -> its share's meter
-        self.claims: dict[str, dict[str, Claim]] = defaultdict(dict)  # tenant -> key digest -> claim
-        self.claim_of: dict[str, Claim] = {}  # request_id -> the claim it owns
-        self._claim_expiry: list[tuple[int, str, str]] = []  # heap of (expires_ms, tenant, digest)
-        self.request_ids = RequestIds()
+        # composed, each with what it needs: the meters, the idempotency claims, the request ids
+        # taken (replays), and the changelog that records and restores all three
+        self.book = AdmitBook(self.deployments, self.partition_of)
+        self.keys = IdempotencyKeys(self.registry.limits_for, self.policy, self.name, self.evidence,
+                                    lambda c, gone: self.changelog.claim(c, gone))
+        self.replays = Replays(self.registry.limits_for, self.policy, self.name, self.evidence, self.book.answered)
+        self.changelog = AdmitChangelog(self.book, self.keys, self.replays.ids, self.keyring, self.policy)
         self.queued: dict[str, int] = defaultdict(int)
         self.changed: dict[str, asyncio.Event] = defaultdict(asyncio.Event)
         self.tokenizer = None
@@ -116,6 +117,12 @@ class AdmitStage(AdmitState, Idempotency, Replays, Stage):
             await self.reader.stop()
         await super().stop()
 
+    async def on_assigned(self, partitions: list[int]) -> None:
+        await self.changelog.restore(self.reader, partitions)
+
+    async def on_revoked(self, partitions: list[int]) -> None:
+        self.changelog.forget(partitions)
+
     def partition_of(self, tenant: str) -> int:
         """The admit partition of a tenant: how the runtime's producers place a tenant-keyed record."""
         p = self._partition_cache.get(tenant)
@@ -130,26 +137,26 @@ class AdmitStage(AdmitState, Idempotency, Replays, Stage):
         assert isinstance(value, AdmitRelease)
         fx = SideEffects()
         tenant = value.tenant_id
-        state = self.states.get(tenant)
-        shares = self._shares(self.partition_of(tenant))
+        state = self.book.states.get(tenant)
+        shares = self.book.shares_of(self.partition_of(tenant))
         hold = settle(state, value.request_id, tokens=value.tokens_in + value.tokens_out, cost_usd=value.cost_usd,
                       shares=shares, remember_until_ms=now_ms() + self.policy.remember_settled_ms
                       ) if state is not None else None
         if hold is not None:
             self._wake(tenant)
-            fx.side += self._changed(tenant, [hold], settled=True)
+            fx.side += self.changelog.changed(tenant, [hold], settled=True)
             fx.evidence.append(Evidence(
                 request_id=value.request_id, tenant_id=tenant, stage=f"{self.name}.release", decision="settled",
                 reason=value.status, policy_version=self.policy_version,
                 scores={"cost_usd": value.cost_usd, "cost_reserved_usd": hold.cost_usd,
                         "tokens": float(value.tokens_in + value.tokens_out), "tokens_reserved": float(hold.tokens),
                         "held_ms": float(max(0, value.finished_ms - hold.at_ms))}))
-        c = self.claim_of.get(value.request_id)
+        c = self.keys.owned.get(value.request_id)
         if c is not None:
             resp = value.response or Response(request_id=value.request_id, tenant_id=tenant, status=Status(value.status),
                                               answered_by=value.answered_by, deployment=value.deployment,
                                               cost_usd=value.cost_usd)
-            answers, side = self._resolve(c, resp, "duplicate_answered")
+            answers, side = self.keys.resolve(c, resp, "duplicate_answered")
             fx.answers += answers
             fx.side += side
         return fx
@@ -179,8 +186,8 @@ class AdmitStage(AdmitState, Idempotency, Replays, Stage):
 
     def _lanes(self, tenant: str, limits: TenantLimits, order: list[str]) -> list[Lane] | None:
         p = self.partition_of(tenant)
-        shares = self._shares(p)
-        state = self.states[tenant]
+        shares = self.book.shares_of(p)
+        state = self.book.states[tenant]
         if not any(d in shares or (d in limits.deployments and limits.deployments[d].any()) for d in order):
             return None
         lanes = []
@@ -204,8 +211,8 @@ class AdmitStage(AdmitState, Idempotency, Replays, Stage):
         if doc.tenant_id is None:  # published past mask: metered as `anonymous`, and answered as it
             doc = doc.model_copy(update={"tenant_id": ANONYMOUS_TENANT})  # so its release comes back here
         tenant = doc.tenant_id or ANONYMOUS_TENANT
-        side: list[SideRecord] = self._expire_claims(now_ms())
-        replayed = self._replayed(doc, tenant, now_ms())
+        side: list[SideRecord] = self.keys.expire(now_ms())
+        replayed = self.replays.check(doc, tenant, now_ms())
         if replayed is not None:
             replayed.side[:0] = side
             return replayed
@@ -224,11 +231,11 @@ class AdmitStage(AdmitState, Idempotency, Replays, Stage):
             return out
         if not (tenant and doc.idempotency_key):
             return None
-        got = self._idempotency(doc, tenant, now_ms(), side)
+        got = self.keys.claim(doc, tenant, now_ms(), side)
         if isinstance(got, Outcome):
             got.side[:0] = side
             return got
-        side.append(self._claim(got))
+        side.append(self.changelog.claim(got))
         return got
 
     async def _decide(self, doc: RequestDoc, tenant: str, claim: Claim | None, side: list[SideRecord]) -> Outcome:
@@ -236,10 +243,10 @@ class AdmitStage(AdmitState, Idempotency, Replays, Stage):
         order = self._order(doc)
         a = self.ask_for(doc, order)
         t0 = time.monotonic()
-        shares = self._shares(self.partition_of(tenant))
+        shares = self.book.shares_of(self.partition_of(tenant))
         others: list[Outcome] = []
         while True:
-            state = self.states[tenant]
+            state = self.book.states[tenant]
             others += self._roll(tenant, a.now_ms, shares, side)
             # waiting requests occupy processors; completions need free ones: at most half may wait
             room = self.queued[tenant] if sum(self.queued.values()) < self.max_waiting else limits.max_queue
@@ -252,13 +259,13 @@ class AdmitStage(AdmitState, Idempotency, Replays, Stage):
             waited_ms = int((time.monotonic() - t0) * 1000)
             if v.action == "admit":
                 hold = admit(state, a, v.deployment, shares)
-                side += self._changed(tenant, [hold], settled=False)
+                side += self.changelog.changed(tenant, [hold], settled=False)
                 out = self._admitted(doc, a, v, order, lanes, side, waited_ms=waited_ms, metered=True)
                 break
             if v.action == "reject":
                 until = a.now_ms + self.policy.remember_settled_ms
                 state.settled[decided_key(a.request_id, a.attempt)] = until
-                side.append(self._hold(tenant, Hold(a.request_id, a.now_ms, 0, 0.0, until, None, a.attempt), until))
+                side.append(self.changelog.hold(tenant, Hold(a.request_id, a.now_ms, 0, 0.0, until, None, a.attempt), until))
                 out = self._rejected(doc, v, claim, side, waited_ms=waited_ms)
                 break
             await self._wait_for_change(tenant, min(v.retry_after_ms, a.expires_ms - a.now_ms))
@@ -269,14 +276,15 @@ class AdmitStage(AdmitState, Idempotency, Replays, Stage):
     def _roll(self, tenant: str, at_ms: int, shares: int, side: list[SideRecord]) -> list[Outcome]:
         """Move the tenant's windows to `at_ms`: expired holds are settled (their changes into `side`),
         waiters woken; the owners of expired idempotency claims are answered (returned)."""
-        state = self.states[tenant]
+        state = self.book.states[tenant]
         expired = roll(state, at_ms, shares, self.policy.remember_settled_ms)
-        side += [self._rec(tenant, f"h/{tenant}/{k}", None) for k in forget_settled(state, at_ms)]
+        side += [self.changelog.record(tenant, f"h/{tenant}/{k}", None) for k in forget_settled(state, at_ms)]
         if not expired:
             return []
         self._wake(tenant)
-        side += self._changed(tenant, expired, settled=True)
-        return self._lost([self.claim_of[h.request_id] for h in expired if h.request_id in self.claim_of], side)
+        side += self.changelog.changed(tenant, expired, settled=True)
+        owned = self.keys.owned
+        return self._lost([owned[h.request_id] for h in expired if h.request_id in owned], side)
 
     async def _wait_for_change(self, tenant: str, timeout_ms: int) -> None:
         """Wait for a completion of this tenant (or the window to move), counted as queued meanwhile."""
@@ -295,7 +303,7 @@ class AdmitStage(AdmitState, Idempotency, Replays, Stage):
         for c in claims:
             resp = Response(request_id=c.request_id, status=Status.error, error_class="original_lost",
                             reason="the request owning this idempotency key never finished", answered_by=self.name)
-            answers, records = self._abandon(c, resp)
+            answers, records = self.keys.abandon(c, resp)
             out += answers
             side += records
         return out
@@ -309,7 +317,7 @@ class AdmitStage(AdmitState, Idempotency, Replays, Stage):
         out = Outcome.answer(doc, resp, ev)
         out.side = side
         if claim is not None:  # it did not run: the key is free, its parked duplicates get this answer
-            answers, records = self._abandon(claim, resp)
+            answers, records = self.keys.abandon(claim, resp)
             out.others += answers
             side += records
         return out

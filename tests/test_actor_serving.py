@@ -167,7 +167,10 @@ def test_promote_and_demote_move_an_adapter_in_the_engine(lora_stack):
             time.sleep(1)
         return got
 
-    # lora-b served requests before: it is in the engine (warm or hot); demote sends it to disk
+    # serve lora-b now, so it is in the engine whatever the earlier tests' mixed traffic evicted (with
+    # two CPU slots and three adapters, lora-b could be cold already: a demote then moves nothing);
+    # demote sends it to disk
+    ask(info, keys["tb"], "Say hello.", "lora-b")
     assert llmpipe("adapters", "demote", "lora-b", "--to", "cold", "--config", cfg, data_dir=data_dir).returncode == 0
     assert wait_for("cold by the operator", set()) <= {"warm->cold", "hot->cold"}
     assert llmpipe("adapters", "promote", "lora-b", "--to", "hot", "--config", cfg, data_dir=data_dir).returncode == 0

@@ -42,7 +42,7 @@ DATA = ROOT / "tests" / "data"
 console = wide_console()
 
 # name -> (role, history). Role: "held_out" = never tuned on; "tuned" = rules, lexicon or the verifier
-# were fitted on it (README "cache", docs/ARCHITECTURE.md; tests/data/CACHE_PAIRS*.md say how each was written)
+# were fitted on it (bench/results/README.md, "Semantic cache"; tests/data/CACHE_PAIRS*.md say how each was written)
 SETS: dict[str, tuple[str, str]] = {
     "cache_pairs": ("tuned", "the shipped set: lexicon, stop words and thresholds were set reading it"),
     "cache_pairs_holdout": ("tuned", "old holdout, tuned on since 2026-12-02"),
@@ -110,7 +110,7 @@ def evaluate_set(embedder: Any, name: str, gate_only: bool) -> dict[str, Any]:
         NUMERIC_FIELDS,
         SemanticCache,
     )
-    from pipeline.stores.vector_index import open_index
+    from pipeline.stores.index_spec import open_index
 
     path = DATA / f"{name}.jsonl"
     lines = [orjson.loads(line) for line in path.read_text().splitlines() if line.strip()]

@@ -11,7 +11,7 @@ from pipeline.engines.embedder import Embedder
 from pipeline.security.sealing import Keyring
 from pipeline.stages.cache.config import CachePolicy
 from pipeline.stages.cache.semantic import KEYWORD_FIELDS, NUMERIC_FIELDS, SemanticCache
-from pipeline.stores.vector_index import open_index
+from pipeline.stores.index_spec import open_index
 
 Q = "What are your opening hours on weekdays?"
 

@@ -59,7 +59,7 @@ def evaluate_file(embedder, path: Path, **policy) -> dict:
         NUMERIC_FIELDS,
         SemanticCache,
     )
-    from pipeline.stores.vector_index import open_index
+    from pipeline.stores.index_spec import open_index
 
     with tempfile.TemporaryDirectory() as tmp:
         index = open_index(f"edge:{tmp}", embedder.dim, KEYWORD_FIELDS, NUMERIC_FIELDS)

@@ -101,7 +101,7 @@ def test_route_reuses_the_cache_embedding_of_the_same_text(embedder, tmp_path):
         reused_vector,
     )
     from pipeline.stages.route.stage import RouteStage
-    from pipeline.stores.vector_index import open_index
+    from pipeline.stores.index_spec import open_index
 
     index = open_index(f"edge:{tmp_path / 'idx'}", embedder.dim, KEYWORD_FIELDS, NUMERIC_FIELDS)
     try:

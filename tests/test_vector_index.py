@@ -15,19 +15,12 @@ from typing import Any
 import numpy as np
 import pytest
 
-from pipeline.stores import qdrant_client_index, qdrant_edge_index
+from pipeline.stores import index_spec
 from pipeline.stores import vector_index as vi
+from pipeline.stores.index_spec import open_index, parse_spec
 from pipeline.stores.qdrant_client_index import QdrantClientIndex
 from pipeline.stores.qdrant_edge_index import EdgeIndex
-from pipeline.stores.vector_index import (
-    Candidate,
-    IndexEntry,
-    Match,
-    Range,
-    VectorIndex,
-    open_index,
-    parse_spec,
-)
+from pipeline.stores.vector_index import Candidate, IndexEntry, Match, Range, VectorIndex
 
 DIM = 16
 N = 240
@@ -348,8 +341,8 @@ def test_edge_persists_across_reopen(tmp_path: Path):
 ])
 def test_open_index_dispatch(monkeypatch, spec, kind, kwargs):
     calls: list[tuple[str, tuple, dict]] = []
-    monkeypatch.setattr(qdrant_edge_index, "EdgeIndex", lambda *a, **k: calls.append(("edge", a, k)) or "E")
-    monkeypatch.setattr(qdrant_client_index, "QdrantClientIndex", lambda *a, **k: calls.append(("client", a, k)) or "C")
+    monkeypatch.setattr(index_spec, "EdgeIndex", lambda *a, **k: calls.append(("edge", a, k)) or "E")
+    monkeypatch.setattr(index_spec, "QdrantClientIndex", lambda *a, **k: calls.append(("client", a, k)) or "C")
     assert open_index(spec, 384, keyword_fields=("tenant",), numeric_fields=("exp",)) == ("E" if kind == "edge" else "C")
     [(got_kind, args, kw)] = calls
     assert got_kind == kind

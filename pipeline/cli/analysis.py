@@ -201,7 +201,7 @@ def cache_eval(pairs: Annotated[Path, typer.Option("--pairs", exists=True, dir_o
     from pipeline.security.sealing import Keyring
     from pipeline.stages.cache.config import CachePolicy
     from pipeline.stages.cache.semantic import KEYWORD_FIELDS, NUMERIC_FIELDS, SemanticCache
-    from pipeline.stores.vector_index import open_index
+    from pipeline.stores.index_spec import open_index
 
     policy = _stage_policy(_settings(data_dir, config, bootstrap), "cache", CachePolicy)
     if gate_only:
@@ -253,7 +253,7 @@ def cache_fit(pairs: Annotated[list[Path], typer.Option("--pairs", exists=True, 
     from pipeline.security.sealing import Keyring
     from pipeline.stages.cache.config import CachePolicy
     from pipeline.stages.cache.semantic import KEYWORD_FIELDS, NUMERIC_FIELDS, SemanticCache
-    from pipeline.stores.vector_index import open_index
+    from pipeline.stores.index_spec import open_index
 
     policy = _stage_policy(_settings(data_dir, config, bootstrap), "cache", CachePolicy)
     total = sum(1 for f in pairs for line in f.read_text().splitlines() if line.strip())

@@ -17,6 +17,8 @@ from pydantic import BaseModel
 from pipeline.config.settings import RuntimeSettings, Settings, StageSpec
 from pipeline.contracts import Evidence, RequestDoc, Response, Rollout
 from pipeline.runtime.codec import encode
+from pipeline.runtime.follow.follower import ControlFollower
+from pipeline.runtime.topics import TopicNames
 
 
 @dataclass
@@ -156,9 +158,6 @@ class Stage:
         """Replay the whole `control` topic into `apply`, then keep applying it (tenants, cache
         entries, breaker states); returns once caught up. Without a broker (unit use) it does nothing."""
         if self.ctx.bootstrap:
-            from pipeline.runtime.follow.follower import ControlFollower
-            from pipeline.runtime.topics import TopicNames
-
             topic = TopicNames(self.ctx.topic_prefix)("control")
             s = self.ctx.settings
             self.follower = await ControlFollower(self.ctx.bootstrap, topic, apply, s.kafka,

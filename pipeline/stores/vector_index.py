@@ -25,7 +25,6 @@ import math
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
@@ -188,45 +187,3 @@ def _f(x: float | None) -> float | None:
 # ---------------------------------------------------------------------------------------------
 
 
-SPEC_HELP = ("expected edge:/dir, qdrant:http(s)://host:port, qdrant-local:/dir or qdrant-memory: "
-             "(relative dirs resolve against the current directory)")
-
-
-def parse_spec(spec: str) -> tuple[str, str | None]:
-    """'edge:/d' -> ('edge', '/d'); 'qdrant:http://h:6333' -> ('qdrant', url);
-    'qdrant-local:/d' -> ('qdrant-local', '/d'); 'qdrant-memory:' -> ('qdrant-memory', None)."""
-    if not isinstance(spec, str) or ":" not in spec:
-        raise ValueError(f"bad vector index spec {spec!r}: {SPEC_HELP}")
-    scheme, _, rest = spec.partition(":")
-    rest = rest.strip()
-    if scheme in ("edge", "qdrant-local"):
-        if not rest:
-            raise ValueError(f"bad vector index spec {spec!r}: {scheme}: needs a directory; {SPEC_HELP}")
-        return scheme, str(Path(rest).expanduser().resolve())
-    if scheme == "qdrant":
-        if not (rest.startswith(("http://", "https://")) and len(rest.split("://", 1)[1]) > 0):
-            raise ValueError(f"bad vector index spec {spec!r}: qdrant: needs an http(s):// URL; {SPEC_HELP}")
-        return scheme, rest
-    if scheme == "qdrant-memory":
-        if rest:
-            raise ValueError(f"bad vector index spec {spec!r}: qdrant-memory: takes nothing after the colon")
-        return scheme, None
-    raise ValueError(f"bad vector index spec {spec!r}: unknown kind {scheme!r}; {SPEC_HELP}")
-
-
-def open_index(spec: str, dim: int, keyword_fields: Sequence[str] = (),
-               numeric_fields: Sequence[str] = (), api_key: str | None = None) -> VectorIndex:
-    """`api_key`: a Qdrant server's key (qdrant: specs only)."""
-    from pipeline.stores.qdrant_client_index import QdrantClientIndex
-    from pipeline.stores.qdrant_edge_index import EdgeIndex
-
-    kind, arg = parse_spec(spec)
-    if kind == "edge":
-        return EdgeIndex(Path(arg), dim, keyword_fields=keyword_fields, numeric_fields=numeric_fields)
-    if kind == "qdrant":
-        return QdrantClientIndex(dim, url=arg, keyword_fields=keyword_fields, numeric_fields=numeric_fields,
-                                 api_key=api_key)
-    if kind == "qdrant-local":
-        return QdrantClientIndex(dim, path=arg, keyword_fields=keyword_fields, numeric_fields=numeric_fields)
-    return QdrantClientIndex(dim, location=":memory:", keyword_fields=keyword_fields,
-                             numeric_fields=numeric_fields)

@@ -19,7 +19,8 @@ from pipeline.runtime.stage import Outcome, Stage, StageContext
 from pipeline.security.sealing import keyring_for
 from pipeline.stages.cache.config import CachePolicy
 from pipeline.stages.cache.semantic import KEYWORD_FIELDS, NUMERIC_FIELDS, Lookup, SemanticCache
-from pipeline.stores.vector_index import open_index
+from pipeline.stages.catalog import PRODUCT_STAGES
+from pipeline.stores.index_spec import open_index
 
 
 def index_spec(ctx: StageContext) -> str:
@@ -34,8 +35,6 @@ class CacheStage(Stage):
     def __init__(self, ctx: StageContext) -> None:
         super().__init__(ctx)
         self.cache: SemanticCache | None = None
-        from pipeline.stages.catalog import PRODUCT_STAGES
-
         self.topology_names = [s.name for s in ctx.settings.stages] or list(PRODUCT_STAGES)
 
     async def start(self) -> None:

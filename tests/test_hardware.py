@@ -12,7 +12,8 @@ from pipeline.engines import hardware
 
 
 @pytest.mark.parametrize("flags,gpu,want", [
-    (frozenset({"avx2"}), False, "float32"),  # bf16 emulated: 2-3x slower (ARCHITECTURE.md)
+    # AVX2 alone: bf16 is emulated, 2-3x slower (docs/decisions/0014-engine-dtype-follows-the-hardware.md)
+    (frozenset({"avx2"}), False, "float32"),
     (frozenset({"avx2", "avx512f", "avx512_bf16"}), False, "bfloat16"),
     (frozenset({"amx_bf16"}), False, "bfloat16"),
     (frozenset(), True, "bfloat16"),

@@ -1,4 +1,4 @@
-"""The layout's import rules (docs/ARCHITECTURE.md, "Layout"), read from the source with ast.
+"""The layout's import rules (docs/design.md, "Import rules"), read from the source with ast.
 
 - every module lives in a package (no loose modules under `pipeline/`);
 - `config` and `contracts` import nothing else from `pipeline` (config may read contracts);

@@ -115,7 +115,7 @@ async def test_more_requests_than_engine_slots_wait_in_the_engine_queue(engine):
 async def test_reproducible_tokens_for_the_same_seeds_and_batch(engine):
     """Same seeds, same batch composition -> identical token ids. Under another batch composition
     (each request alone) the ids may drift (bf16 kernels reduce in another order): the test prints
-    how many samples and positions differ; docs/ARCHITECTURE.md records the numbers."""
+    how many samples and positions differ; docs/decisions/0012-rl-rollouts-and-actor-revisions.md records the numbers."""
     msgs = [[{"role": "user", "content": f"Tell a one-line story about the number {i}."}] for i in range(4)]
     sampling = [Sampling(max_tokens=32, temperature=1.0, seed=100 + i, logprobs=True) for i in range(4)]
 

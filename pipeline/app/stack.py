@@ -267,7 +267,7 @@ class _Up:
 
 def _with_doorbell(settings: Settings, data_dir: Path, parts: AsyncExitStack) -> Settings:
     """The embedded broker never wakes a waiting fetch: without hints every consumer polls
-    (docs/ARCHITECTURE.md, "The doorbell"). A configured dir is kept as it is."""
+    (docs/decisions/0002-doorbell-wake-up.md). A configured dir is kept as it is."""
     if settings.bootstrap or settings.doorbell_dir or not settings.consumer.doorbell:
         return settings
     bells = default_doorbell_dir(data_dir)

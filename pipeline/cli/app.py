@@ -1,6 +1,6 @@
 """`llmpipe`: run the stack and its workers, send traffic, query the warehouse, replay decisions.
 
-Conventions (DESIGN.md): every command takes --data-dir, --config and --bootstrap; --json prints
+Conventions (README.md, "CLI"): every command takes --data-dir, --config and --bootstrap; --json prints
 one JSON document as the last line of stdout; exit 0 on success, non-zero with a one-line reason
 on stderr.
 """

@@ -29,7 +29,7 @@ MAX_IMAGE_PIXELS = 40_000_000  # media's default pixel budget, also OpenCV's own
 
 
 class ConsumerSettings(BaseModel):
-    """aiokafka consumer defaults measured on the embedded broker (DESIGN.md)."""
+    """aiokafka consumer defaults measured on the embedded broker (docs/decisions/0001-embedded-broker-tansu.md)."""
 
     # aiokafka's 500 ms default costs half a second per hop; 5-10 ms gives p50 ~3 ms.
     fetch_max_wait_ms: int = 5
@@ -60,7 +60,7 @@ class KafkaSecurity(BaseModel):
     """How every Kafka client of a process authenticates to the brokers (aiokafka's options). The
     embedded broker speaks PLAINTEXT only; a cluster should use SASL_SSL (or SSL with client certs)
     with ACLs that let only the front door write `requests` and only stage principals write `stage.*`
-    and `control` (docs/ARCHITECTURE.md, "Who may write which topic")."""
+    and `control` (docs/design.md, "Who may write which topic")."""
 
     security_protocol: Literal["PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"] = "PLAINTEXT"
     sasl_mechanism: Literal["PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512"] | None = None

@@ -2,7 +2,7 @@
 and validation prompts), every generate replica reports transferred → loaded → validated (or
 rejected), activation is published only once every replica validated (the barrier), the previous
 active revision drains and retires, and a rollback rejects a revision and re-activates the one before.
-The actor's weights are a LoRA adapter on the served base model (see docs/ARCHITECTURE.md)."""
+The actor's weights are a LoRA adapter on the served base model (docs/decisions/0012-rl-rollouts-and-actor-revisions.md)."""
 
 from __future__ import annotations
 

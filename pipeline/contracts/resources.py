@@ -1,7 +1,7 @@
 """Locate the project's data files (topic registry, JSON Schemas, ClickHouse DDL).
 
 In a wheel they are bundled under pipeline/_bundled; in a source checkout they live at the
-repository root, where DESIGN.md puts them.
+repository root (topics/, schemas/).
 """
 
 from __future__ import annotations

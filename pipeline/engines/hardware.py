@@ -1,10 +1,9 @@
 """What this host computes well: the CPU's flags, whether it has native bfloat16, and so the dtype
 an engine should run in when the config says `auto`.
 
-Measured (docs/ARCHITECTURE.md, "Engine dtype"): on an AVX2-only EPYC, vLLM's CPU build runs
-SmolLM2-135M in bfloat16 at ~19 tok/s whatever the batch (bf16 matmuls are emulated), and in
-float32 at ~53 tok/s with 16 requests in flight; DESIGN.md's bf16 numbers came from a host with
-native bf16."""
+Measured (docs/decisions/0014-engine-dtype-follows-the-hardware.md): on an AVX2-only EPYC, vLLM's CPU
+build runs SmolLM2-135M in bfloat16 at ~19 tok/s whatever the batch (bf16 matmuls are emulated), and
+in float32 at ~53 tok/s with 16 requests in flight; on a host with native bf16, bf16 is the faster."""
 
 from __future__ import annotations
 

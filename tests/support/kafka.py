@@ -55,7 +55,7 @@ async def read_topic(bootstrap: str, topic: str, count: int, timeout: float = 60
 async def read_until_quiet(bootstrap: str, topic: str, quiet_s: float = 2.0, timeout: float = 120) -> list:
     """Every record of `topic`, duplicates included (what a table read with FINAL would hide), until
     none arrives for `quiet_s`. Not up to `end_offsets()`: the embedded broker under-reports them
-    after a multi-record batch (DESIGN.md)."""
+    after a multi-record batch (docs/decisions/0001-embedded-broker-tansu.md)."""
     return await read_topic(bootstrap, topic, 10**9, timeout, quiet_s=quiet_s)
 
 

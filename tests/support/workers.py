@@ -9,12 +9,25 @@ brokers and subprocesses), so a second worker costs little per test and halves w
 2. Groups are handed out heaviest first (the longest-processing-time rule), so neither worker is left
    alone with a long group at the end. The weights are the last measured clean-clone durations
    (docs/testing.md); a group not listed weighs 0.1 s a test (unit tests).
-3. Without xdist (`make test-fast`, a single file) none of this changes what runs.
+3. xdist's own `--dist loadgroup` puts the group into `item._nodeid`, which pytest 9 no longer reads
+   (its node ids come from `item._id`): the groups never reached the scheduler and tests of one
+   group ran on both workers (a second product stack, a second LoRA stack). So the workers write
+   each test's group to a file the controller named (GROUPS_ENV), and the controller's scheduler
+   (`pytest_xdist_make_scheduler`) reads the groups from there.
+4. Without xdist (`make test-fast`, a single file) none of this changes what runs.
 """
 
 from __future__ import annotations
 
+import json
+import os
+import tempfile
+from pathlib import Path
+
 import pytest
+from xdist.scheduler import LoadScopeScheduling
+
+GROUPS_ENV = "LLMPIPE_TEST_GROUPS"
 
 # A session-scoped stack: every test that uses it runs in one group.
 SESSION_STACKS = {"product_stack": "product"}
@@ -59,15 +72,43 @@ def _file_groups(items: list[pytest.Item]) -> dict[str, str]:
     return groups
 
 
-@pytest.hookimpl(tryfirst=True)  # before xdist appends the group to each node id
+def _distributing(config: pytest.Config) -> bool:
+    """The controller runs with --dist loadgroup; xdist starts its workers with dist "no" and
+    option.loadgroup set."""
+    if not config.pluginmanager.hasplugin("xdist"):
+        return False
+    return config.getoption("dist", "no") == "loadgroup" or bool(getattr(config.option, "loadgroup", False))
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """The controller (not a worker) names the file; the workers it starts inherit the name."""
+    if _distributing(config) and not hasattr(config, "workerinput"):
+        os.environ[GROUPS_ENV] = str(Path(tempfile.mkdtemp(prefix="llmpipe-test-groups-")) / "groups.json")
+
+
+class GroupScheduling(LoadScopeScheduling):
+    """xdist's scope scheduling, with a test's scope read from the groups the workers wrote."""
+
+    _groups: dict[str, str] | None = None
+
+    def _split_scope(self, nodeid: str) -> str:
+        if self._groups is None:
+            self._groups = json.loads(Path(os.environ[GROUPS_ENV]).read_text())
+        return self._groups.get(nodeid, nodeid)
+
+
+def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> LoadScopeScheduling | None:
+    return GroupScheduling(config, log) if _distributing(config) else None
+
+
+@pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    if not config.pluginmanager.hasplugin("xdist") or config.getoption("dist", "no") != "loadgroup":
+    if not _distributing(config):
         return
     groups = _file_groups(items)
     sizes: dict[str, int] = {}
     for it in items:
         g = groups[it.nodeid.split("::")[0]]
-        it.add_marker(pytest.mark.xdist_group(g))
         sizes[g] = sizes.get(g, 0) + 1
     first_seen = {g: i for i, g in reversed(list(enumerate(groups[it.nodeid.split("::")[0]] for it in items)))}
 
@@ -76,3 +117,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         return (-WEIGHT_S.get(g, sizes[g] / 10), first_seen[g])
 
     items.sort(key=heavier_first)  # stable: a group's own tests keep their order
+    if GROUPS_ENV in os.environ:  # every worker collects the same; each writes it whole, atomically
+        target = Path(os.environ[GROUPS_ENV])
+        tmp = target.with_suffix(f".{os.getpid()}.tmp")
+        tmp.write_text(json.dumps({it.nodeid: groups[it.nodeid.split("::")[0]] for it in items}))
+        tmp.replace(target)

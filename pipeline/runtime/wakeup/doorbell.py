@@ -1,7 +1,7 @@
-"""Wake-up hints for a broker that never wakes a waiting fetch (the embedded one, DESIGN.md): a
+"""Wake-up hints for a broker that never wakes a waiting fetch (the embedded one, Tansu): a
 producer rings the consumers of the topics it has just written, and an idle consumer stops
 fetching until its bell rings. Without hints every consumer must poll every few milliseconds to
-keep hops fast, and on this broker each poll costs about 1 ms of CPU (docs/ARCHITECTURE.md).
+keep hops fast, and on this broker each poll costs about 1 ms of CPU (docs/decisions/0002-doorbell-wake-up.md).
 
 Only for processes on one host that share `doorbell_dir` (the embedded stack). A Kafka cluster
 wakes a waiting fetch itself, so a long fetch wait there needs no hints.

@@ -1,2 +1,2 @@
 """Cache lookup: reuse an answer only when meaning and boundaries match (`gate`, `semantic`,
-`verifier`, `lexicon`, `order`); `eval` and `calibration` fit and measure it offline."""
+`verifier`, `lexicon`, `order`); pipeline/evaluation/ (`cache`, `cache_fit`) measures and fits it offline."""

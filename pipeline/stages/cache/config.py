@@ -75,7 +75,8 @@ class CachePolicy(PolicyModel):
     # masked PII means the answer is about a person: personal, never shared
     cache_masked_entities: bool = False
     # negation and contrast ("not", 안/못, "instead of", 말고) were the gate's false hits on three
-    # held-out sets in a row (docs/ARCHITECTURE.md): such prompts bypass the cache unless turned on
+    # held-out sets in a row (docs/decisions/0008-cache-verification-gate-and-calibrated-verifier.md): such
+    # prompts bypass the cache unless turned on
     serve_negated: bool = False
     top_k: int = 5
     word_match: float = Field(0.8, description="cosine at which an unmatched English word counts as paraphrased")

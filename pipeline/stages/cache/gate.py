@@ -457,7 +457,7 @@ def gate(query: str, candidate: str, analyze: Callable[[str], Analysis], word_si
     (Canada/Mexico, 부산/대전) embed close together.
 
     Cheapest first: when numbers or entities differ the verdict is already a fail, so the
-    analysis and the word embeddings (most of a lookup's cost, docs/ARCHITECTURE.md) are skipped,
+    analysis and the word embeddings (most of a lookup's cost) are skipped,
     and `checks` holds only the checks that ran."""
     checks = {
         "numbers": numbers(query) == numbers(candidate),

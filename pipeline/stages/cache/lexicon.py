@@ -1,5 +1,6 @@
 """The gate's word lists: negation, stop words, phrases, number words, words that pin down which thing
-is meant, and the paraphrase lexicon (grown on tests/data/cache_pairs.jsonl; see README). Data only."""
+is meant, and the paraphrase lexicon (grown on tests/data/cache_pairs.jsonl; see bench/results/README.md,
+"Semantic cache"). Data only."""
 
 from __future__ import annotations
 
@@ -195,7 +196,8 @@ SPECIFIC_KO = {"켜", "끄", "꺼", "추가", "삭제", "포함", "별도", "제
                 "특급", "빠른배송", "일반배송", "해외", "국내", "무료", "유료", "프리미엄", "베이직", "프로", "플러스",
                 "패밀리", "학생", "체험", "취소", "빼", "철회", "보류"}
 
-# Paraphrase lexicon: words that name the same thing (grown on tests/data/cache_pairs.jsonl: see README).
+# Paraphrase lexicon: words that name the same thing (grown on tests/data/cache_pairs.jsonl: see
+# bench/results/README.md, "Semantic cache").
 SYNONYMS = [
     {"ship", "deliver", "delivery", "shipping", "send"}, {"reset", "recover", "change"},
     {"password", "passcode", "pw"}, {"app", "application"}, {"buy", "purchase"}, {"price", "cost"},

@@ -1,6 +1,6 @@
 """The cache's verifier: a small calibrated model over a (query, cached prompt) pair that the gate
 passed, with a threshold chosen on a training split so that the false-hit rate among its hits is
-bounded (calibration.py fits it; `llmpipe cache-fit`).
+bounded (pipeline/evaluation/cache_fit.py fits it; `llmpipe cache-fit`).
 
 A hit needs both: the gate's rules (gate.py: numbers, entities, negation and its scope, order of
 alternatives, question kind, every content word accounted for) and the verifier's probability >=

@@ -8,7 +8,8 @@ Two parts, both pure:
   goes when no chunk went in the last `window_ms`, else when that window has passed. One flush
   sends every attempt's waiting chunk together (generate/stream.py), so concurrent streams share
   one produce request per window rather than one each. On the embedded broker that matters twice:
-  each produce request is a batch, and a fetch lists every batch of its partition (DESIGN.md).
+  each produce request is a batch, and a fetch lists every batch of its partition
+  (docs/decisions/0001-embedded-broker-tansu.md).
 So a stream gets at most one chunk per window while tokens come faster than that, one per token
 when they come slower, and no piece waits longer than `window_ms`.
 """

@@ -3,7 +3,7 @@
 sees the text; the restore mapping travels sealed (security/sealing.py, shared with postprocess) in
 `masking.restore_token` for postprocess alone.
 
-Policy: `MaskPolicy` (pipeline.stages.mask.pii), with per-tenant overrides under `tenants`.
+Policy: `MaskStagePolicy` (config.py), with per-tenant overrides under `tenants`.
 Evidence: decision masked|clean, entity counts by type, policy version, engine revision - never
 entity text.
 """

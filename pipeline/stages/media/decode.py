@@ -1,7 +1,7 @@
 """Decoding an image without letting its header decide how much memory we spend.
 
 The header's size is read first (PIL reads only the header: ~1 ms) and images over the pixel
-budget are refused before OpenCV sees them (DESIGN.md: a 192 KB JPEG claiming 30000² decodes to
+budget are refused before OpenCV sees them (a 192 KB JPEG claiming 30000² decodes to
 5 GB). `OPENCV_IO_MAX_IMAGE_PIXELS` is OpenCV's own cap, a second line: it is read when cv2 is
 first imported, so it is set here before the import (worker processes import this module before
 anything else imports cv2; `llmpipe worker` sets it too). Large JPEGs are decoded at 1/2, 1/4 or

@@ -30,10 +30,15 @@ def group_id(settings: Settings, stage: str) -> str:
 
 
 def stage_worker(settings: Settings, topology: Topology, stage: str, bootstrap: str) -> StageWorker:
+    """The worker of the group `stage` starts: its stage, and the stages chained to it (each with its
+    own handler, linked in order; the worker consumes every input topic of the chain)."""
     names = TopicNames(settings.topic_prefix)
     worker_id = settings.worker_id or default_worker_id()
     handler = StageHandler(topology.build(stage, bootstrap=bootstrap), topology, names, worker_id)
-    topics = [names.stage_input(stage), *(names(t) for t in handler.stage.side_inputs)]
+    last = handler
+    for member in topology.chain(stage)[1:]:
+        last = last.chain(StageHandler(topology.build(member, bootstrap=bootstrap), topology, names, worker_id))
+    topics = [names.stage_input(stage), *(names(t) for t in handler.stage.side_inputs), *handler.chain_topics()]
     if stage == topology.first:
         topics.append(names.requests)  # external producers publish to `requests`
     spec = topology.spec(stage)

@@ -227,7 +227,7 @@ class _Up:
         """What `llmpipe status` shows: the broker, each worker, the door's view of the broker."""
         broker = self.keeper.state() if self.keeper is not None else {"state": "external", "bootstrap": self.bootstrap}
         workers = self.workers() if self.workers is not None else \
-            {name: {"state": "running", "pid": os.getpid(), "in": "supervisor"} for name in self.stages}
+            {name: {"state": "running", "pid": os.getpid(), "in": "supervisor"} for name in self.groups}
         return {"at": round(time.time(), 3), "broker": broker, "workers": workers,
                 "door": {"broker": self.door.broker.state()} if self.door is not None and self.door.broker else None}
 
@@ -250,6 +250,11 @@ class _Up:
     @property
     def stages(self) -> list[str]:
         return list(self.topology.order)
+
+    @property
+    def groups(self) -> list[str]:
+        """One worker group per chain (a stage not chained is a chain of one)."""
+        return self.topology.groups()
 
     def announce(self, admin_url: str, http_url: str, metrics_url: str | None = None) -> None:
         s = self.settings
@@ -303,7 +308,7 @@ def _forget(data_dir: Path) -> None:
 
 async def _run_children(up: _Up, parts: AsyncExitStack, admin_port: int) -> None:
     s = up.settings
-    children = await serve(parts, ChildWorkers(s, up.stages, up.bootstrap, admin_port))
+    children = await serve(parts, ChildWorkers(s, up.groups, up.bootstrap, admin_port))
     up.pids.update({f"worker:{name}": p.pid for name, p in children.procs.items()})
     up.workers = children.state
 
@@ -348,7 +353,7 @@ async def _run_in_loop(up: _Up, parts: AsyncExitStack, admin_port: int, admin_to
     if s.metrics_port is not None:
         metrics_url = f"http://127.0.0.1:{serve_metrics(s.metrics_port, s.metrics_host)}/metrics"
     workers = []
-    for group in (SINK_STAGE, *up.stages):
+    for group in (SINK_STAGE, *up.groups):
         workers += await open_group(parts, s, up.topology, group, up.bootstrap, admin_port, admin_token)
     admin_url = f"http://127.0.0.1:{admin_port}"
     ready = asyncio.Event()

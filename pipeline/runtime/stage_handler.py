@@ -16,6 +16,14 @@
    evidence and the rollouts. In shadow mode only evidence is produced.
 5. Flush: return only when the broker acknowledged every output of the batch.
 
+A chain (docs/design.md, "Stage chains"): stages whose inputs share a partition key run in one
+worker, each with its own StageHandler, linked by `chained`. The worker consumes every input topic
+of the chain; a handler takes the records of its own topics (step 1) and the documents the previous
+stage of the chain forwarded to it, which skip step 1 (already decoded and checked) but not step 2.
+A forward to the next stage of the chain is handed over in memory instead of produced; a forward
+anywhere else (a jump, a stage skipped, an answer) is produced as before. All outputs of the chain
+go through the batch's one Outputs, so step 5 covers them and the offsets are committed after it.
+
 Steps 1-4 of each record run guarded: an error that the record's own content causes while its
 outputs are built or sent (errors.is_record_fault: a partition the producer refuses, a value over
 the record limit, text that does not encode) dead-letters that record and answers it on
@@ -68,6 +76,31 @@ class _Work:
     started_ms: int
 
 
+@dataclass
+class HandedRecord:
+    """What a forward inside a chain would have been on the next stage's input topic: the consumed
+    record's place (partition, offset, key, headers) with the time it was handed over; the value is
+    encoded only if something needs the bytes (a dead letter)."""
+
+    topic: str
+    partition: int
+    offset: int
+    key: bytes | None
+    headers: list
+    timestamp: int
+    doc: RequestDoc
+
+    @property
+    def value(self) -> bytes:
+        return encode(self.doc)
+
+
+class _ChainOutputs(Outputs):
+    """The batch's outputs, plus what each stage of the chain hands to the next."""
+
+    handed: dict[str, list[_Work]]
+
+
 class StageHandler:
     """Drives one Stage under the record protocol above."""
 
@@ -100,6 +133,23 @@ class StageHandler:
         self.cancels: CancelWatch | None = None
         self._side_models = {names(t): m for t, m in stage.side_inputs.items()}
         self._repartition = not topology.keyed_like_requests(stage.name) and replay is None
+        self.chained: StageHandler | None = None  # the next stage of this chain, run in this worker
+
+    def chain(self, following: StageHandler) -> StageHandler:
+        """Run `following` after this stage in this worker; returns it (to chain the next one)."""
+        if following.stage.side_inputs:
+            raise TopologyError(f"stage {following.name!r} has side inputs ({', '.join(following.stage.side_inputs)}) "
+                                f"that are keyed for its own workers: it cannot run inside a chain")
+        self.chained = following
+        return following
+
+    def chain_topics(self) -> list[str]:
+        """The input topics of every later stage of the chain, which this chain's worker consumes too."""
+        out, h = [], self.chained
+        while h is not None:
+            out.append(self.names.stage_input(h.name))
+            h = h.chained
+        return out
 
     async def start(self, producer: AIOKafkaProducer) -> None:
         self.producer = producer
@@ -111,28 +161,58 @@ class StageHandler:
                                              s.doorbell_dir if s.consumer.doorbell else None).start(producer)
         self.stage.cancels, self.stage.ports = self.cancels, Ports(producer)
         await self.stage.start()
+        if self.chained is not None:
+            await self.chained.start(producer)
 
     async def stop(self) -> None:
         await self.stage.stop()
         if self.cancels is not None:
             await self.cancels.stop()
+        if self.chained is not None:
+            await self.chained.stop()
 
     # ---- the protocol --------------------------------------------------------------------
 
     async def handle(self, items: list[Item]) -> None:
         assert self.producer is not None
-        out = Outputs(self.producer)
+        out = _ChainOutputs(self.producer)
+        out.handed = {}
+        await self._run(out, items)
+        await out.flush()
+
+    async def _run(self, out: Outputs, items: list[Item]) -> None:
+        """This stage's share of the batch: the records of its own topics and what the previous stage
+        of its chain handed over; then the rest goes on to the next stage of the chain."""
+        later = set(self.chain_topics())
+        mine = [it for it in items if it.record.topic not in later]
         work: list[_Work] = []
-        for it in items:
+        for it in mine:
             w = await self._guarded(out, it, None, self._intake(out, it))
             if w is not None:
                 work.append(w)
-        if work:
-            outcomes = await self._process_with_retries([w.doc for w in work])
-            for w, result in zip(work, outcomes):
+        for w in getattr(out, "handed", {}).pop(self.name, []):
+            handed = await self._guarded(out, w.item, w.doc, self._intake_handed(out, w))
+            if handed is not None:
+                work.append(handed)
+        for chunk in (work[i:i + self.max_batch] for i in range(0, len(work), max(1, self.max_batch))):
+            outcomes = await self._process_with_retries([w.doc for w in chunk])
+            for w, result in zip(chunk, outcomes):
                 step = self._emit(out, w, result) if isinstance(result, Outcome) else self._failed(out, w, result)
                 await self._guarded(out, w.item, w.doc, step)
-        await out.flush()
+        if self.chained is not None:
+            await self.chained._run(out, [it for it in items if it.record.topic in later])
+
+    async def _intake_handed(self, out: Outputs, w: _Work) -> _Work | None:
+        """Step 2 for a document the previous stage of the chain handed over (step 1 was done there)."""
+        started = now_ms()
+        if self.replay is None and w.doc.deadline_ms is not None and started > w.doc.deadline_ms:
+            await self._deadline_exceeded(out, w.item, w.doc, started)
+            return None
+        cancel = self.cancels.cancelled(w.doc) if self.cancels is not None else None
+        if cancel is not None:
+            await self._withdrawn(out, w.item, w.doc, started, cancel)
+            return None
+        return _Work(w.item, w.doc, started)
 
     async def _intake(self, out: Outputs, it: Item) -> _Work | None:
         """Steps 1-2: the record's document, to process; None when it was dealt with here."""
@@ -251,9 +331,13 @@ class StageHandler:
 
     async def on_assigned(self, topic_partitions: list[tuple[str, int]]) -> None:
         await self.stage.on_assigned(self._own(topic_partitions))
+        if self.chained is not None:
+            await self.chained.on_assigned(topic_partitions)
 
     async def on_revoked(self, topic_partitions: list[tuple[str, int]]) -> None:
         await self.stage.on_revoked(self._own(topic_partitions))
+        if self.chained is not None:
+            await self.chained.on_revoked(topic_partitions)
 
     def _own(self, topic_partitions: list[tuple[str, int]]) -> list[int]:
         mine = self.names.stage_input(self.name)
@@ -339,6 +423,12 @@ class StageHandler:
             return
         if self.replay and self.replay.shadow:
             self.metrics.processed("shadow")
+            return
+        if self.chained is not None and nxt == self.chained.name and isinstance(out, _ChainOutputs):
+            rec = w.item.record
+            handed = HandedRecord(self.names.stage_input(nxt), rec.partition, rec.offset, rec.key, headers, now_ms(), doc)
+            out.handed.setdefault(nxt, []).append(_Work(Item(w.item.tp, handed, w.item.generation), doc, 0))
+            self.metrics.processed("handed_over")
             return
         value = encode(doc)
         try:

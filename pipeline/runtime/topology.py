@@ -47,6 +47,36 @@ class Topology:
         self.order = [s.name for s in specs]
         self.registry = registry or load_registry()
         self._classes: dict[str, type[Stage]] = {}
+        self.check_chains()
+
+    def head_of(self, name: str) -> str:
+        """The first stage of the chain `name` runs in (itself when it is not chained)."""
+        i = self.order.index(name)
+        while i > 0 and self.specs[self.order[i]].chain:
+            i -= 1
+        return self.order[i]
+
+    def groups(self) -> list[str]:
+        """One worker group per chain, named by its first stage, in pipeline order."""
+        return [n for n in self.order if self.head_of(n) == n]
+
+    def chain(self, head: str) -> list[str]:
+        """The stages of the chain `head` starts, in order."""
+        return [n for n in self.order if self.head_of(n) == head]
+
+    def check_chains(self) -> None:
+        """A stage joins the previous one's chain only where its input has the same partition key:
+        a key change (admit by tenant, route by device) needs the broker to move the record."""
+        for prev, name in zip(self.order, self.order[1:]):
+            if not self.specs[name].chain:
+                continue
+            mine, theirs = self.registry.get(f"stage.{name}"), self.registry.get(f"stage.{prev}")
+            key, prev_key = (mine.key if mine else "request_id"), (theirs.key if theirs else "request_id")
+            if key != prev_key:
+                raise TopologyError(f"stage {name!r} cannot chain to {prev!r}: its input is keyed by {key!r}, "
+                                    f"{prev!r}'s by {prev_key!r} (a key change needs a topic)")
+        if self.order and self.specs[self.order[0]].chain:
+            raise TopologyError(f"stage {self.order[0]!r} is first: there is nothing to chain it to")
 
     def stage_class(self, name: str) -> type[Stage]:
         spec = self.spec(name)

@@ -3,11 +3,14 @@
     .venv/bin/python bench/runtime_bench.py            # full: 20 s latency run, 20,000 records
     .venv/bin/python bench/runtime_bench.py --quick    # 5 s, 5,000 records
     .venv/bin/python bench/runtime_bench.py --workers procs   # latency: subprocess workers only
+    .venv/bin/python bench/runtime_bench.py --workers procs,chain --skip-throughput   # hops vs one chain
 
 1. latency: h1,h2,h3 (tests.stages:Relay) -> h4 (tests.stages:Answer), paced at --rate req/s.
    Per hop: Response.timings[stage].queue_ms (input record timestamp -> processing start:
    produce + broker + fetch + queue wait). Also client end-to-end and service_ms. Run twice by
    default: each stage worker its own process (as deployed), and all four in this process.
+   `chain`: the four stages as one chain (docs/design.md, "Stage chains") in one worker process: a
+   request crosses the broker once in and once out; h2-h4's queue is the in-memory hand-over.
 2. throughput: N records pre-published to a 1-stage topology's input (tests.stages:Answer),
    then one worker is started; records/s = N / (first partition assigned -> N-th answer acked
    on `responses`), once per --concurrency value.
@@ -99,10 +102,11 @@ class WorkerProc:
 
 
 async def latency_bench(broker: EmbeddedBroker, tmp: Path, rate: float, duration_s: float, warmup_s: float,
-                        procs: bool) -> dict[str, Any]:
+                        mode: str) -> dict[str, Any]:
     prefix = f"bench{uuid.uuid4().hex[:8]}."
-    stages = ([{"name": h, "class": "tests.stages:Relay"} for h in HOPS[:-1]]
-              + [{"name": HOPS[-1], "class": "tests.stages:Answer"}])
+    chained = mode == "chain"
+    stages = ([{"name": h, "class": "tests.stages:Relay", "chain": chained and h != HOPS[0]} for h in HOPS[:-1]]
+              + [{"name": HOPS[-1], "class": "tests.stages:Answer", "chain": chained}])
     s = make_settings(tmp / "latency", prefix, broker.bootstrap, stages)
     (tmp / "latency").mkdir(exist_ok=True)
     await create_topics(s)
@@ -110,8 +114,8 @@ async def latency_bench(broker: EmbeddedBroker, tmp: Path, rate: float, duration
     workers: list[StageWorker] = []
     children: list[WorkerProc] = []
     try:
-        if procs:
-            children = [WorkerProc(h, s, tmp / "latency" / f"{h}.log") for h in HOPS]
+        if mode in ("procs", "chain"):
+            children = [WorkerProc(h, s, tmp / "latency" / f"{h}.log") for h in topo.groups()]
         else:
             for h in HOPS:
                 workers.append(await stage_worker(s, topo, h, broker.bootstrap).start())
@@ -137,10 +141,15 @@ async def latency_bench(broker: EmbeddedBroker, tmp: Path, rate: float, duration
                        "service_p50_ms": pct(hop_s[h], 50),
                        "ratio_p50_to_5ms": None if p50 is None else round(p50 / HOP_TARGET_MS, 2)}
         sum_p50 = [sum(t[h]["queue_ms"] for h in HOPS) for t in samples if all(h in t for h in HOPS)]
+        busy = cpu_use.get("busy_pct")
+        # the whole host's CPU over the window (broker, workers, this client) per answered request
+        cpu_ms = None if busy is None or not samples else \
+            round(busy / 100 * (os.cpu_count() or 1) * duration_s * 1000 / len(samples), 2)
         return {
-            "workers": "procs" if procs else "inproc", "rate_target": rate, "rate_achieved": round(achieved_rps, 1),
+            "workers": mode, "rate_target": rate, "rate_achieved": round(achieved_rps, 1),
             "duration_s": duration_s, "warmup_s": warmup_s, "sent": sent, "answered": len(samples),
-            "timeouts": timeouts, "ready_s": round(ready_s, 2), "host_cpu": cpu_use, "hops": hops,
+            "timeouts": timeouts, "ready_s": round(ready_s, 2), "host_cpu": cpu_use,
+            "host_cpu_ms_per_request": cpu_ms, "hops": hops,
             "all_hops_p50_ms": pct([v for h in HOPS for v in hop_q[h]], 50),
             "sum_of_hops_p50_ms": pct(sum_p50, 50),
             "e2e_p50_ms": pct(e2e, 50), "e2e_p95_ms": pct(e2e, 95), "e2e_p99_ms": pct(e2e, 99),
@@ -331,7 +340,7 @@ async def main_async(rate: float, duration: float, warmup: float, records: int, 
         kafka_log.setLevel(logging.WARNING)
         try:
             if modes:
-                runs = [await latency_bench(broker, tmp, rate, duration, warmup, m == "procs") for m in modes]
+                runs = [await latency_bench(broker, tmp, rate, duration, warmup, m) for m in modes]
                 out["latency"] = runs
                 console.print(latency_table(runs))
             if not skip_throughput:
@@ -357,7 +366,8 @@ def main(
     records: int = typer.Option(None, help="throughput bench: records (default 20000, quick 5000)"),
     concurrency: str = typer.Option("1,16,64", help="throughput bench: comma-separated runtime.concurrency values"),
     workers: str = typer.Option("procs,inproc", help="latency bench: comma-separated modes, `procs` (one process "
-                                "per stage worker) and/or `inproc` (all in this process); empty = skip"),
+                                "per stage worker), `inproc` (all in this process), `chain` (one process, the four "
+                                "stages chained); empty = skip"),
     skip_throughput: bool = typer.Option(False, "--skip-throughput"),
 ) -> None:
     """Per-hop latency and single-worker throughput on the embedded broker."""
@@ -369,8 +379,8 @@ def main(
     conc = [int(x) for x in concurrency.split(",") if x.strip()]
     t0 = time.perf_counter()
     modes = [m.strip() for m in workers.split(",") if m.strip()]
-    if any(m not in ("procs", "inproc") for m in modes):
-        raise typer.BadParameter("modes are `procs` and `inproc`", param_hint="--workers")
+    if any(m not in ("procs", "inproc", "chain") for m in modes):
+        raise typer.BadParameter("modes are `procs`, `inproc` and `chain`", param_hint="--workers")
     result = asyncio.run(main_async(rate, duration, warmup, records, conc, modes, skip_throughput))
     print_result(console, result, t0)
 

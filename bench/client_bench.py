@@ -23,8 +23,9 @@ import tempfile
 import threading
 import time
 import uuid
+from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
@@ -39,6 +40,7 @@ from bench._common import pct  # noqa: E402
 from pipeline.runtime.broker.embedded import EmbeddedBroker  # noqa: E402
 from pipeline.runtime.topics import TopicSpec, apply_topics  # noqa: E402
 
+T = TypeVar("T")
 PARTITIONS = 6
 VALUE = 1024
 # librdkafka settings for the hop, from --tuned (measured: the defaults' p50 on the embedded broker)
@@ -210,6 +212,18 @@ def ck_hop(bootstrap: str, topic: str, rate: float, seconds: float) -> list[floa
 # ---- the run ----------------------------------------------------------------------------------
 
 
+def _in_thread(fn: Callable[..., T]) -> Callable[..., Awaitable[T]]:
+    """confluent-kafka's calls block: each phase runs in a thread, as a worker would drive them."""
+    return lambda *args: asyncio.to_thread(fn, *args)
+
+
+# client -> its produce, consume and hop phases, all awaitable
+CLIENTS: dict[str, tuple[Callable[..., Awaitable[Any]], ...]] = {
+    "aiokafka": (aio_produce, aio_consume, aio_hop),
+    "confluent-kafka": (_in_thread(ck_produce), _in_thread(ck_consume), _in_thread(ck_hop)),
+}
+
+
 async def run(records: int, rate: float, seconds: float) -> dict[str, Any]:
     out: dict[str, Any] = {"bench": "client", "records": records, "value_bytes": VALUE, "partitions": PARTITIONS,
                            "hop_rate": rate, "hop_seconds": seconds, "clients": {}}
@@ -218,28 +232,18 @@ async def run(records: int, rate: float, seconds: float) -> dict[str, Any]:
         broker = await EmbeddedBroker(Path(d) / "broker").start()
         pid = broker.proc.pid if broker.proc is not None else None
         try:
-            for client in ("aiokafka", "confluent-kafka"):
+            for client in CLIENTS:
                 topic = f"bench-{client}-{uuid.uuid4().hex[:6]}"
                 await apply_topics(broker.bootstrap, "", {topic: TopicSpec(topic, PARTITIONS, "k", 3_600_000,
                                                                            "delete", "bench")})
                 res: dict[str, Any] = {}
+                produce, consume, hop = CLIENTS[client]
+                for name, run_phase in (("produce", produce), ("consume", consume)):
+                    ph = Phase(pid)
+                    await run_phase(broker.bootstrap, topic, records)
+                    res[name] = ph.result(records)
                 ph = Phase(pid)
-                if client == "aiokafka":
-                    await aio_produce(broker.bootstrap, topic, records)
-                else:
-                    await asyncio.to_thread(ck_produce, broker.bootstrap, topic, records)
-                res["produce"] = ph.result(records)
-                ph = Phase(pid)
-                if client == "aiokafka":
-                    await aio_consume(broker.bootstrap, topic, records)
-                else:
-                    await asyncio.to_thread(ck_consume, broker.bootstrap, topic, records)
-                res["consume"] = ph.result(records)
-                ph = Phase(pid)
-                if client == "aiokafka":
-                    lat = await aio_hop(broker.bootstrap, topic, rate, seconds)
-                else:
-                    lat = await asyncio.to_thread(ck_hop, broker.bootstrap, topic, rate, seconds)
+                lat = await hop(broker.bootstrap, topic, rate, seconds)
                 res["hop"] = {**ph.result(max(1, len(lat))), "received": len(lat),
                               "p50_ms": pct(lat, 50), "p99_ms": pct(lat, 99)}
                 out["clients"][client] = res

@@ -98,7 +98,9 @@ class HandedRecord:
 class _ChainOutputs(Outputs):
     """The batch's outputs, plus what each stage of the chain hands to the next."""
 
-    handed: dict[str, list[_Work]]
+    def __init__(self, producer: AIOKafkaProducer) -> None:
+        super().__init__(producer)
+        self.handed: dict[str, list[_Work]] = {}  # stage name -> documents handed to it
 
 
 class StageHandler:
@@ -176,11 +178,10 @@ class StageHandler:
     async def handle(self, items: list[Item]) -> None:
         assert self.producer is not None
         out = _ChainOutputs(self.producer)
-        out.handed = {}
         await self._run(out, items)
         await out.flush()
 
-    async def _run(self, out: Outputs, items: list[Item]) -> None:
+    async def _run(self, out: _ChainOutputs, items: list[Item]) -> None:
         """This stage's share of the batch: the records of its own topics and what the previous stage
         of its chain handed over; then the rest goes on to the next stage of the chain."""
         later = set(self.chain_topics())
@@ -190,7 +191,7 @@ class StageHandler:
             w = await self._guarded(out, it, None, self._intake(out, it))
             if w is not None:
                 work.append(w)
-        for w in getattr(out, "handed", {}).pop(self.name, []):
+        for w in out.handed.pop(self.name, []):
             handed = await self._guarded(out, w.item, w.doc, self._intake_handed(out, w))
             if handed is not None:
                 work.append(handed)

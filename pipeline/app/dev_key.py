@@ -14,11 +14,10 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from aiokafka import AIOKafkaProducer
-
 from pipeline.config.settings import Settings, kafka_kwargs
 from pipeline.contracts.control import ApiKeyIssued, TenantUpsert
 from pipeline.registries.tenants import key_hash, new_api_key
+from pipeline.runtime.broker.gate import GatedProducer
 from pipeline.runtime.codec import encode
 from pipeline.runtime.topics import TopicNames
 
@@ -55,8 +54,8 @@ async def ensure_dev_tenant(settings: Settings, bootstrap: str) -> bool | None:
     key, created = _read_or_create(settings.resolved_data_dir())
     digest = key_hash(key)
     topic = TopicNames(settings.topic_prefix)("control")
-    producer = AIOKafkaProducer(bootstrap_servers=bootstrap, acks="all", enable_idempotence=False,
-                                **kafka_kwargs(settings.kafka))
+    producer = GatedProducer(bootstrap_servers=bootstrap, acks="all", enable_idempotence=False,
+                             **kafka_kwargs(settings.kafka))
     await producer.start()
     try:
         await producer.send_and_wait(topic, encode(TenantUpsert(tenant=tenant, limits={})),

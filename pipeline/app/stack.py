@@ -33,8 +33,10 @@ from pipeline.app.launch import open_group, start_all
 from pipeline.config.settings import Settings
 from pipeline.ingress.admin import admin_token_for, warehouse_query
 from pipeline.ingress.http import FrontDoor, HttpServer
+from pipeline.runtime.broker import gate
 from pipeline.runtime.broker.embedded import EmbeddedBroker, free_port, private_dir
 from pipeline.runtime.broker.epoch import EPOCH_FILE
+from pipeline.runtime.broker.gate import GATE_FILE
 from pipeline.runtime.broker.keeper import BrokerKeeper, BrokerRestart
 from pipeline.runtime.serve.metrics import serve_metrics
 from pipeline.runtime.service import serve
@@ -139,8 +141,10 @@ async def run_stack(settings: Settings, processes: bool = False,
         await apply_topics(up.bootstrap, settings.topic_prefix, up.topology.topic_registry())
         up.dev_key_new = bool(await ensure_dev_tenant(settings, up.bootstrap))
         if broker is not None:  # stopped before the broker (LIFO): a stopping stack restarts nothing
-            up.keeper = await serve(parts, BrokerKeeper(broker, lambda ev: _broker_restored(up, broker, ev),
-                                                        data_dir / EPOCH_FILE))
+            gate.open_(data_dir / GATE_FILE)  # one left by a stack that died while its broker restarted
+            up.keeper = await serve(parts, BrokerKeeper(
+                broker, lambda: _topics_restored(up), lambda ev: _broker_restored(up, broker, ev),
+                data_dir / EPOCH_FILE, data_dir / GATE_FILE))
         for name in up.stages:
             up.topology.stage_class(name)  # fail fast on a bad topology, before anything runs
         admin_port = settings.admin_port or free_port()
@@ -151,22 +155,27 @@ async def run_stack(settings: Settings, processes: bool = False,
             await _run_in_loop(up, parts, admin_port, admin_token)
 
 
-async def _broker_restored(up: _Up, broker: EmbeddedBroker, ev: BrokerRestart) -> None:
-    """BrokerKeeper step 3: what the memory storage lost, then the event where operators look."""
+async def _topics_restored(up: _Up) -> list[str]:
+    """BrokerKeeper step 4, the stack's produce gate still closed: the topics the memory storage lost."""
     s = up.settings
     registry = up.topology.topic_registry()
     await apply_topics(up.bootstrap, s.topic_prefix, registry)
     repaired = await repair_topics(up.bootstrap, s.topic_prefix, registry)
-    lost = 0
     if up.door is not None:
-        # acknowledged before now: by the old broker (gone), or by the new one before its topics existed
-        # (Tansu acks a produce to a topic it lacks, and creating the topic drops it: measured)
-        lost = up.door.client.lost_before(time.time(), "the event broker restarted and lost this request before "
-                                                       "it was answered; retry it (with an Idempotency-Key a retry "
-                                                       "never runs a request twice)")
+        # acknowledged by the old broker, which is gone (the gate kept every later publish waiting)
+        up.door_lost = up.door.client.lost_before(time.time(), "the event broker restarted and lost this request "
+                                                               "before it was answered; retry it (with an "
+                                                               "Idempotency-Key a retry never runs a request twice)")
     if repaired:
         log.warning("after the broker restart: %d topic(s) had been auto-created by a reconnecting client with "
                     "the wrong partition count and were created again: %s", len(repaired), ", ".join(repaired))
+    return repaired
+
+
+async def _broker_restored(up: _Up, broker: EmbeddedBroker, ev: BrokerRestart) -> None:
+    """BrokerKeeper step 5, the gate open: the development tenant, then the event where operators look."""
+    s = up.settings
+    lost, repaired = up.door_lost, ev.repaired
     await ensure_dev_tenant(s, up.bootstrap)
     if broker.proc is not None:
         up.pids["broker"] = broker.proc.pid
@@ -195,6 +204,7 @@ class _Up:
     pids: dict[str, int] = field(default_factory=lambda: {"supervisor": os.getpid()})
     keeper: BrokerKeeper | None = None  # the embedded broker's, once the topics are applied
     door: FrontDoor | None = None
+    door_lost: int = 0  # callers answered 503 at the last broker restart
     workers: Callable[[], dict[str, dict]] | None = None  # --processes: each child's state
     _tasks: set[asyncio.Task] = field(default_factory=set)
 

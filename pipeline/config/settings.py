@@ -100,6 +100,12 @@ def kafka_kwargs(security: KafkaSecurity | None) -> dict[str, Any]:
     return security.client_kwargs() if security is not None else {}
 
 
+# A produce request the broker does not answer within this fails, and its caller's loop sends it again.
+# It bounds how long a restarted embedded broker waits for the old broker's records to settle
+# (runtime/broker/gate.py), so every producer of the stack stays within it.
+PRODUCE_TIMEOUT_MAX_MS = 5_000
+
+
 class ProducerSettings(BaseModel):
     # acks=all; the embedded broker refuses InitProducerId, so no idempotent producer.
     acks: Literal["all", 1] = "all"
@@ -107,7 +113,7 @@ class ProducerSettings(BaseModel):
     linger_ms: int = 1
     max_batch_size: int = 256 << 10
     max_request_size: int = 8 << 20
-    request_timeout_ms: int = 30_000
+    request_timeout_ms: int = Field(PRODUCE_TIMEOUT_MAX_MS, ge=100, le=PRODUCE_TIMEOUT_MAX_MS)
 
 
 class RuntimeSettings(BaseModel):

@@ -47,6 +47,7 @@ from pipeline.contracts import Cancel, Delta, Feedback, ReplyTo, RequestDoc, Res
 from pipeline.contracts.base import now_ms
 from pipeline.contracts.request import ChatBody, ChatMessage
 from pipeline.ingress.stream_follow import Ended, Piece, StreamFollower, readable
+from pipeline.runtime.broker import gate
 from pipeline.runtime.broker.epoch import rewind_on_restart
 from pipeline.runtime.codec import decode, encode, request_headers
 from pipeline.runtime.errors import DecodeError
@@ -251,6 +252,8 @@ class Client:
         error the producer does not retry itself is tried again, PUBLISH_TRIES times in all (the
         embedded broker answered a produce `UnknownError` once, right after its restart)."""
         assert self.producer is not None, "start() the client first"
+        if gate.is_closed():  # this process's embedded broker is restarting: no wait for what cannot pass
+            raise PublishError(f"the broker did not take a record for {topic} (the embedded broker is restarting)")
         try:
             async with asyncio.timeout(self.publish_timeout_s):
                 for attempt in range(1, PUBLISH_TRIES + 1):

@@ -11,11 +11,10 @@ from __future__ import annotations
 
 import uuid
 
-from aiokafka import AIOKafkaProducer
-
 from pipeline.config.settings import Settings, kafka_kwargs
 from pipeline.contracts import Evidence
 from pipeline.contracts.base import now_ms
+from pipeline.runtime.broker.gate import GatedProducer
 from pipeline.runtime.codec import encode
 from pipeline.runtime.topics import TopicNames
 
@@ -28,10 +27,10 @@ def stack_event(part: str, decision: str, reason: str, *, scores: dict[str, floa
                     finished_ms=at)
 
 
-async def publish_stack_event(settings: Settings, bootstrap: str, event: Evidence, timeout_s: float = 10.0) -> None:
-    """Publish one event; raises when the broker does not take it within `timeout_s`."""
-    producer = AIOKafkaProducer(bootstrap_servers=bootstrap, acks="all", enable_idempotence=False,
-                                request_timeout_ms=int(timeout_s * 1000), **kafka_kwargs(settings.kafka))
+async def publish_stack_event(settings: Settings, bootstrap: str, event: Evidence) -> None:
+    """Publish one event; raises when the broker does not take it within PRODUCE_TIMEOUT_MAX_MS."""
+    producer = GatedProducer(bootstrap_servers=bootstrap, acks="all", enable_idempotence=False,
+                             **kafka_kwargs(settings.kafka))
     await producer.start()
     try:
         await producer.send_and_wait(TopicNames(settings.topic_prefix).evidence, encode(event),

@@ -41,6 +41,7 @@ from pipeline.config.settings import KafkaSecurity, kafka_kwargs
 from pipeline.contracts import Rollout
 from pipeline.contracts.rollout import RolloutConsumption
 from pipeline.registries.actor import ActorBook
+from pipeline.runtime.broker.gate import GatedProducer
 from pipeline.runtime.codec import decode, encode
 from pipeline.runtime.errors import DecodeError
 from pipeline.runtime.follow.follower import ControlFollower
@@ -188,7 +189,7 @@ class RolloutStream:
 
     async def start(self) -> RolloutStream:
         self.follower = await ControlFollower(self.bootstrap, self.names("control"), self.book.apply).start()
-        self.producer = AIOKafkaProducer(bootstrap_servers=self.bootstrap, acks="all", **self.kafka)
+        self.producer = GatedProducer(bootstrap_servers=self.bootstrap, acks="all", **self.kafka)
         await self.producer.start()
         self.consumer = AIOKafkaConsumer(bootstrap_servers=self.bootstrap, group_id=self.group_id,
                                          enable_auto_commit=False, auto_offset_reset="earliest",

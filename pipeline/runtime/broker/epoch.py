@@ -13,7 +13,8 @@ Protocol:
    calls `bump(path)`: the epoch file (DATA_DIR/run/broker.epoch) gets the next number, and this
    process's consumers are rewound at once.
 2. Every other process of the stack runs an `EpochWatch` on that file; a new number rewinds its
-   consumers (within `check_s`).
+   consumers (within `check_s`). The same watch keeps the process's produce gate as the gate file
+   says (runtime/broker/gate.py).
 3. Consumers take part with `rewind_on_restart(consumer)`: each of their assigned partitions is
    sought to offset 0. Group members take part with `tell_on_restart(member)`: its
    `broker_restarted()` is called, and it reads every partition of its next assignment from 0 (a
@@ -32,6 +33,8 @@ from typing import Protocol
 
 from aiokafka import AIOKafkaConsumer
 
+from pipeline.runtime.broker import gate
+from pipeline.runtime.broker.gate import GATE_FILE
 from pipeline.runtime.service import BackgroundTask
 
 log = logging.getLogger(__name__)
@@ -90,16 +93,19 @@ def bump(path: Path) -> int:
 
 
 class EpochWatch:
-    """Step 2: `start()`/`stop()`, like every part of a stack."""
+    """Step 2: `start()`/`stop()`, like every part of a stack. `path`: DATA_DIR/EPOCH_FILE; the gate
+    file is beside it (DATA_DIR/GATE_FILE)."""
 
     def __init__(self, path: Path, check_s: float = 0.25) -> None:
         self.path, self.check_s = path, check_s
+        self.gate_path = path.parent.parent / GATE_FILE
         self.epoch = 0
         self.rewinds = 0
         self._task = BackgroundTask("broker-epoch")
 
     async def start(self) -> EpochWatch:
         self.epoch = read_epoch(self.path)
+        gate.follow(self.gate_path)  # a worker restarted while the broker restarts starts closed
         self._task.launch(self._loop)
         return self
 
@@ -109,6 +115,9 @@ class EpochWatch:
     async def _loop(self) -> None:
         while True:
             await asyncio.sleep(self.check_s)
+            if gate.follow(self.gate_path):
+                log.warning("the embedded broker is %s: this process's producers %s", *(
+                    ("restarting", "wait") if gate.is_closed() else ("back with its topics", "go on")))
             epoch = read_epoch(self.path)
             if epoch > self.epoch:
                 self.epoch = epoch

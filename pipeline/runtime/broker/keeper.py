@@ -8,13 +8,16 @@ topics); what they need from the supervisor is a broker on the same address, wit
 Protocol:
 
 1. Every `check_s`, see whether the broker process is alive.
-2. Dead: log it (with its exit code), count it, and start it again on the same port. While starts
-   fail, wait 1, 2, 4 ... s (with jitter, at most `max_backoff_s`) between them.
-3. Started: the broker epoch is bumped (runtime/broker/epoch.py: every consumer that keeps its own
-   position reads again from offset 0), then `on_restart(event)` applies what the storage lost (the
-   topics, the development tenant) and records the restart where operators and analysts look (runtime/stack_events.py). It is
-   retried, a second apart, until it succeeds or the broker dies again.
-4. `state()` says how often it restarted, when it last died and why, for `llmpipe status`.
+2. Dead: log it (with its exit code) and close the stack's produce gate (runtime/broker/gate.py);
+   wait `settle_s` for every record the stack's producers held to be delivered or given up.
+3. Start it again on the same port. While starts fail, wait 1, 2, 4 ... s (with jitter, at most
+   `max_backoff_s`) between them.
+4. Started: the broker epoch is bumped (runtime/broker/epoch.py: every consumer that keeps its own
+   position reads again from offset 0); `restore()` creates the topics the storage lost (retried a
+   second apart until it succeeds or the broker dies again); then the gate opens.
+5. `on_restart(event)` applies the rest (the development tenant) and records the restart where
+   operators and analysts look (runtime/stack_events.py); retried like step 4.
+6. `state()` says how often it restarted, when it last died and why, for `llmpipe status`.
 """
 
 from __future__ import annotations
@@ -26,15 +29,18 @@ import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TypeVar
 
 from prometheus_client import Counter
 
+from pipeline.runtime.broker import gate
 from pipeline.runtime.broker.embedded import EmbeddedBroker
 from pipeline.runtime.broker.epoch import bump
 from pipeline.runtime.service import BackgroundTask
 
 log = logging.getLogger(__name__)
 
+T = TypeVar("T")
 _RESTARTS = Counter("llmpipe_broker_restarts", "embedded broker restarts by the supervisor")
 
 
@@ -43,14 +49,19 @@ class BrokerRestart:
     restart: int  # 1, 2, ... since the stack started
     exit_code: int | None
     died_at: float  # wall clock, s
-    down_s: float  # from noticing the death to the broker answering again
+    down_s: float  # from noticing the death to the new broker with its topics (the gate open)
+    repaired: list[str]  # topics a reconnecting client had auto-created with the wrong partition count
 
 
 class BrokerKeeper:
-    def __init__(self, broker: EmbeddedBroker, on_restart: Callable[[BrokerRestart], Awaitable[None]],
-                 epoch_file: Path, *, check_s: float = 0.5, max_backoff_s: float = 30.0) -> None:
-        self.broker, self.on_restart, self.epoch_file = broker, on_restart, epoch_file
+    def __init__(self, broker: EmbeddedBroker, restore: Callable[[], Awaitable[list[str]]],
+                 on_restart: Callable[[BrokerRestart], Awaitable[None]], epoch_file: Path, gate_file: Path, *,
+                 check_s: float = 0.5, max_backoff_s: float = 30.0, settle_s: float | None = None) -> None:
+        self.broker, self.restore, self.on_restart = broker, restore, on_restart
+        self.epoch_file, self.gate_file = epoch_file, gate_file
         self.check_s, self.max_backoff_s = check_s, max_backoff_s
+        # the other processes' watches read the gate file every 0.25 s (runtime/broker/epoch.py)
+        self.settle_s = gate.settle_s(0.25) if settle_s is None else settle_s
         self.restarts = 0
         self.last: BrokerRestart | None = None
         self.down_since: float | None = None
@@ -63,6 +74,18 @@ class BrokerKeeper:
     async def stop(self) -> None:
         """Before the broker itself stops: a keeper would restart a broker the stack is shutting down."""
         await self._task.cancel()
+        if gate.is_closed():  # stopped mid-restart: this process's producers must not wait forever
+            gate.open_(self.gate_file)
+
+    async def _retried(self, what: str, step: Callable[[], Awaitable[T]]) -> T | None:
+        """The step's result; None when the broker died again before it succeeded."""
+        while self.broker.proc is not None and self.broker.proc.poll() is None:
+            try:
+                return await step()
+            except Exception as exc:  # noqa: BLE001 - keep trying: the stack is useless without it
+                log.error("after the broker restart: %s failed (%s); again in 1 s", what, exc)
+                await asyncio.sleep(1.0)
+        return None
 
     def state(self) -> dict:
         return {"state": "down" if self.down_since is not None else "up", "restarts": self.restarts,
@@ -82,8 +105,11 @@ class BrokerKeeper:
         died = time.time()
         t0 = time.monotonic()
         self.down_since = died
-        log.error("the embedded broker exited with %s; restarting it on %s (its memory storage lost every "
-                  "record in flight)", code, self.broker.bootstrap)
+        log.error("the embedded broker exited with %s; restarting it on %s in %.1f s, once the stack's producers "
+                  "have let go of what they held (its memory storage lost every record in flight)", code,
+                  self.broker.bootstrap, self.settle_s)
+        gate.close(self.gate_file)  # step 2
+        await asyncio.sleep(self.settle_s)
         backoff = 1.0
         while True:
             try:
@@ -93,17 +119,15 @@ class BrokerKeeper:
                 log.error("the embedded broker did not start again (%s); next try in %.0f s", exc, backoff)
                 await asyncio.sleep(backoff * random.uniform(0.8, 1.2))
                 backoff = min(self.max_backoff_s, backoff * 2)
-        bump(self.epoch_file)  # step 3 first: consumers must not keep positions from the old logs
+        bump(self.epoch_file)  # step 4 first: consumers must not keep positions from the old logs
         self.restarts += 1
         _RESTARTS.inc()
-        event = BrokerRestart(self.restarts, code, died, time.monotonic() - t0)
+        repaired = await self._retried("creating its topics", self.restore)
+        if repaired is None:
+            return  # died again meanwhile: the loop restarts it, the gate still closed
+        gate.open_(self.gate_file)
+        event = BrokerRestart(self.restarts, code, died, time.monotonic() - t0, repaired)
         self.last = event
-        while self.broker.proc is not None and self.broker.proc.poll() is None:  # step 3
-            try:
-                await self.on_restart(event)
-                break
-            except Exception as exc:  # noqa: BLE001 - keep trying: the stack is useless without it
-                log.error("after the broker restart: re-applying its state failed (%s); again in 1 s", exc)
-                await asyncio.sleep(1.0)
+        await self._retried("re-applying its state", lambda: self.on_restart(event))  # step 5
         self.down_since = None
         log.warning("the embedded broker is back after %.1f s (restart %d)", event.down_s, self.restarts)

@@ -17,6 +17,7 @@ from collections.abc import Callable
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 
 from pipeline.config.settings import KafkaSecurity, kafka_kwargs
+from pipeline.runtime.broker.gate import GatedProducer
 from pipeline.runtime.wakeup.polling import guarded_getmany
 
 MARKER_KEY = b"~marker"
@@ -32,8 +33,8 @@ class ChangelogReader:
         self.producer: AIOKafkaProducer | None = None
 
     async def start(self) -> ChangelogReader:
-        self.producer = AIOKafkaProducer(bootstrap_servers=self.bootstrap, acks="all", enable_idempotence=False,
-                                         **self.kafka)
+        self.producer = GatedProducer(bootstrap_servers=self.bootstrap, acks="all", enable_idempotence=False,
+                                      **self.kafka)
         await self.producer.start()
         return self
 

@@ -50,6 +50,8 @@ from pathlib import Path
 
 from aiokafka import AIOKafkaProducer
 
+from pipeline.runtime.broker.gate import GatedProducer
+
 MAX_SOCKET_PATH = 100  # sun_path holds 108 bytes on Linux
 LISTING_TTL_S = 1.0
 UNRUNG_GRACE_S = 2 * LISTING_TTL_S
@@ -235,8 +237,8 @@ class Ringer:
         self._sock.close()
 
 
-class RingingProducer(AIOKafkaProducer):
-    """An AIOKafkaProducer that rings a topic's consumers once the broker acknowledged a send to it."""
+class RingingProducer(GatedProducer):
+    """A GatedProducer that rings a topic's consumers once the broker acknowledged a send to it."""
 
     def __init__(self, *args, doorbell_dir: Path, **kwargs) -> None:
         super().__init__(*args, **kwargs)
@@ -276,4 +278,4 @@ def default_dir(data_dir: Path) -> Path | None:
 
 def producer_class(doorbell_dir: Path | None) -> tuple[type[AIOKafkaProducer], dict]:
     """The producer class and its extra kwargs for a process with (or without) a doorbell dir."""
-    return (RingingProducer, {"doorbell_dir": doorbell_dir}) if doorbell_dir else (AIOKafkaProducer, {})
+    return (RingingProducer, {"doorbell_dir": doorbell_dir}) if doorbell_dir else (GatedProducer, {})

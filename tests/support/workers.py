@@ -36,7 +36,7 @@ PACKAGES = ("tests/security/",)
 # Seconds per group from the last clean-clone run (pytest --durations, setup + call + teardown).
 WEIGHT_S = {
     "product": 420,
-    "tests/test_faults.py": 260,
+    "tests/test_faults.py": 275,
     "tests/test_actor_serving.py": 240,
     "tests/test_demo.py": 110,
     "tests/test_mask_stack.py": 100,

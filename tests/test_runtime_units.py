@@ -180,6 +180,32 @@ def test_the_http_server_turns_nagle_off_for_every_connection():
         srv.sock.close()
 
 
+async def test_an_idle_kept_alive_connection_outlives_a_callers_idle_expiry():
+    """httpx (and the OpenAI SDK on it) drops an idle connection after 5 s, uvicorn's default too: a
+    caller reusing one the server closed at that moment got a ReadError. The server keeps it longer,
+    so the caller is always the one to close it."""
+    import httpx
+
+    from pipeline.runtime.serve.asgi import AsgiServer
+
+    peers: list[tuple] = []
+
+    async def app(scope, receive, send):  # type: ignore[no-untyped-def]
+        peers.append(scope["client"])
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        await send({"type": "http.response.body", "body": b"ok"})
+
+    srv = await AsgiServer(app).start()
+    try:
+        async with httpx.AsyncClient(limits=httpx.Limits(keepalive_expiry=7.0)) as http:
+            assert (await http.get(srv.url)).status_code == 200
+            await asyncio.sleep(6.0)  # past 5 s idle
+            assert (await http.get(srv.url)).status_code == 200
+        assert peers[0] == peers[1], "the server closed the idle connection: the caller had to open another"
+    finally:
+        await srv.stop()
+
+
 async def test_a_background_task_launches_once_and_cancel_is_idempotent():
     """The one start/stop block the broker watch, keeper, epoch watch, cancel watch and control
     follower share: a second launch does not start a second loop; cancel waits until the loop ended,

@@ -10,6 +10,8 @@ import socket
 
 import uvicorn
 
+KEEP_ALIVE_S = 30
+
 
 class _QuietSignals(uvicorn.Server):
     @contextlib.contextmanager
@@ -27,7 +29,10 @@ class AsgiServer:
         self.sock.bind((host, port))
         self.host = host
         self.port = self.sock.getsockname()[1]
-        self.server = _QuietSignals(uvicorn.Config(app, log_level="warning", lifespan="off", access_log=False))
+        # an idle kept-alive connection outlives the callers' own idle expiry (httpx and the OpenAI SDK: 5 s,
+        # uvicorn's default too): a caller reusing one the server had just closed got a ReadError (seen once)
+        self.server = _QuietSignals(uvicorn.Config(app, log_level="warning", lifespan="off", access_log=False,
+                                                   timeout_keep_alive=KEEP_ALIVE_S))
         self._task: asyncio.Task | None = None
 
     @property

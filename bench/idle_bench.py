@@ -36,26 +36,29 @@ from bench.stream_bench import cli  # noqa: E402
 console = Console(width=None if sys.stdout.isatty() else 130)
 
 
-def config(key: str, light: bool) -> dict[str, Any]:
+def config(key: str, light: bool, doze_max_ms: int | None) -> dict[str, Any]:
     from pipeline.registries.tenants import key_hash
 
     cfg: dict[str, Any] = {"tenants": [{"name": "idle", "api_keys": [{"key_sha256": key_hash(key)}]}]}
     if light:
         cfg["stages"] = [{"name": "admit"}, {"name": "generate", "class": "tests.stages:FakeGenerate"},
                          {"name": "postprocess"}]
+    if doze_max_ms is not None:
+        cfg["consumer"] = {"doze_max_ms": doze_max_ms}
     return cfg
 
 
 def main(light: bool = typer.Option(False, "--light", help="model-free generate (tests.stages:FakeGenerate)"),
          settle_s: float = typer.Option(20.0, help="rest after the first answer, before measuring"),
-         window_s: float = typer.Option(60.0, help="the measured idle window")) -> None:
+         window_s: float = typer.Option(60.0, help="the measured idle window"),
+         doze_max_ms: int | None = typer.Option(None, help="consumer.doze_max_ms (default: the settings')")) -> None:
     from pipeline.registries.tenants import new_api_key
 
     key = new_api_key()
     with tempfile.TemporaryDirectory(prefix="idle-bench-") as tmp:
         data_dir = Path(tmp)
         cfg = data_dir / "llmpipe.yaml"
-        cfg.write_text(yaml.safe_dump(config(key, light)))
+        cfg.write_text(yaml.safe_dump(config(key, light, doze_max_ms)))
         up = cli("up", "--detach", "--processes", "--config", str(cfg), "--json", data_dir=data_dir, timeout=900)
         if up.returncode != 0:
             raise SystemExit(f"llmpipe up failed: {up.stderr[-2000:]}")
@@ -77,7 +80,7 @@ def main(light: bool = typer.Option(False, "--light", help="model-free generate 
     cpu = cpu_by_owner(before, after, owners)
     cpu.pop("other", None)  # this bench and whatever else runs on the host
     pct = {k: round(100 * v / took, 1) for k, v in cpu.items()}
-    result = {"bench": "idle", "light": light, "window_s": round(took, 1), "settle_s": settle_s,
+    result = {"bench": "idle", "light": light, "doze_max_ms": doze_max_ms, "window_s": round(took, 1), "settle_s": settle_s,
               "cpu_pct_of_one_core": pct, "total_pct_of_one_core": round(sum(pct.values()), 1),
               "code": code_state(ROOT), "host_cpus": os.cpu_count()}
     table = Table(title=f"idle stack, {took:.0f} s: {result['total_pct_of_one_core']} % of one core in total")

@@ -191,6 +191,37 @@ async def test_a_producer_that_does_not_ring_is_still_read_after_doze_max(broker
 
 @pytest.mark.integration
 @pytest.mark.asyncio(loop_scope="session")
+async def test_an_idle_worker_dozes_longer_each_time_no_ring_comes_and_a_ring_resets_it(broker, prefix, tmp_path,
+                                                                                        bell_dir):
+    """bellpoll step 3a: the doze doubles from doze_max_ms to idle_doze_max_ms while nothing rings, so an
+    idle worker fetches a few times a minute, not five times a second; a request brings it back."""
+    s = await _belled(broker, prefix, tmp_path, bell_dir, 100)
+    s = s.model_copy(update={"consumer": s.consumer.model_copy(update={"idle_doze_max_ms": 800})})
+    async with stage_worker(s, topology_for(s), "answer", broker.bootstrap) as w, \
+            Client(broker.bootstrap, topic_prefix=prefix, doorbell_dir=bell_dir) as client:
+        await wait_until(lambda: _dozing(w), 60, "the worker to doze")
+        p = w.poller
+        assert p is not None
+        await wait_until(lambda: p.doze_s == 0.8, 10, "the doze to grow to idle_doze_max_ms")
+        before = p.completions
+        await asyncio.sleep(2.4)
+        assert p.completions - before <= 4, f"{p.completions - before} fetches in 2.4 s (100 ms dozes: ~24)"
+        asked: list[float] = []
+        wait = p.bell.wait
+
+        async def recorded(timeout_s: float) -> bool:
+            asked.append(timeout_s)
+            return await wait(timeout_s)
+
+        p.bell.wait = recorded  # type: ignore[method-assign]
+        assert (await client.request(client.build("wake"), 30)).text == "WAKE"
+        await wait_until(lambda: len(asked) >= 2, 10, "the worker to doze again after the request")
+        # the doze in progress at the patch was a 0.8 s one; the ring ended it
+        assert asked[:2] == [0.1, 0.2], f"the dozes after the ring: {asked}"
+
+
+@pytest.mark.integration
+@pytest.mark.asyncio(loop_scope="session")
 async def test_a_control_follower_dozes_and_a_ringing_publish_wakes_it(broker, prefix, tmp_path, bell_dir):
     """`control` takes a write-back per answered miss: its followers doze like stage workers."""
     from pipeline.contracts import CacheInvalidate

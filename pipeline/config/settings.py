@@ -51,6 +51,8 @@ class ConsumerSettings(BaseModel):
     # found nothing waits for a producer to ring it, at most doze_max_ms (runtime/wakeup/bellpoll.py).
     doorbell: bool = Field(True, description="use the doorbell when the process has a doorbell_dir")
     doze_max_ms: int = Field(200, ge=1)
+    # ... and each doze no ring ended doubles the next, up to this (runtime/wakeup/bellpoll.py, step 3a)
+    idle_doze_max_ms: int = Field(2000, ge=1)
     # Without a doorbell: fetch at most once per this many ms while nothing comes (the warehouse
     # sink, whose flush interval paces it anyway); None: poll with the fetch waits above.
     fetch_every_ms: int | None = Field(None, ge=1)

@@ -259,7 +259,7 @@ class StageWorker:
         poller = self.poller = BellPoller(
             self.consumer, self.bell, what=f"stage {self.handler.name}", wait_ms=c.fetch_max_wait_ms,
             idle_wait_ms=c.idle_fetch_max_wait_ms, idle_after_ms=c.idle_after_ms, awake_poll_ms=100,
-            doze_max_ms=doze_max_ms, guard_s=c.poll_guard_s, held=lambda: self._restoring,
+            doze_max_ms=doze_max_ms, idle_doze_max_ms=c.idle_doze_max_ms, guard_s=c.poll_guard_s, held=lambda: self._restoring,
             may_resume=lambda: not self.queue.paused, on_doze=self.metrics.dozed)
         while self._fetching:
             if self.queue.paused:

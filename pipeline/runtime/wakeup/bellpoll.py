@@ -32,8 +32,8 @@ Protocol (the no-wait fetch):
 3a. A doze no ring ended makes the next one twice as long, up to `idle_doze_max_ms`; a ring or a
    completion with records brings it back to `doze_max_ms`. The doze is the safety net for a ring
    that never came; an idle stack's many consumers each fetching 5 times a second cost it 13.5 % of
-   a core (bench/idle_bench.py). A PacedBell (never rung) grows too: an idle sink reads its first
-   record up to `idle_doze_max_ms` late, then fetches at its period again.
+   a core (bench/idle_bench.py). A PacedBell keeps its period (`fetch_every_ms`, an operator's
+   explicit choice for the warehouse sink).
 4. The first completion after a doze tells the bell what it found (doorbell step 5). A bell that
    decided to stay awake, or no bell at all, turns steps 1-3 off: fetches wait `wait_ms`
    (`idle_wait_ms` after `idle_after_ms` without records, FetchPacer) and `poll()` is a getmany.
@@ -196,7 +196,7 @@ class BellPoller:
         """Step 3."""
         assert self.bell is not None
         rang = await self.bell.wait(self.doze_s)
-        if rang:
+        if rang or isinstance(self.bell, PacedBell):  # a paced one keeps the period it was given
             self.doze_s = self.doze_max_s
         else:  # step 3a
             self.doze_s = min(self.doze_s * 2, self.idle_doze_max_s)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 from collections import Counter
 from pathlib import Path
 
@@ -61,7 +62,7 @@ async def test_no_raw_pii_anywhere_after_a_run(tmp_path):
         masked = sql(tmp_path, "SELECT decision, count() AS n FROM decisions FINAL WHERE stage = 'mask' GROUP BY decision")
         assert masked == [{"decision": "masked", "n": len(ROWS)}]
         haystacks = _haystacks(tmp_path, info)
-        leaks = {(where, v) for where, text in haystacks.items() for v in values if v in text}
+        leaks = {(where, v) for where, text in haystacks.items() for v in values if readable_in(v, text)}
         assert not leaks, sorted(leaks)[:10]
         # the evidence carries what an analyst needs: counts by type
         counts = sql(tmp_path, "SELECT sum(scores['entities.PERSON']) AS persons FROM decisions FINAL WHERE stage = 'mask'")
@@ -73,6 +74,19 @@ async def test_no_raw_pii_anywhere_after_a_run(tmp_path):
         assert counts[0]["persons"] == found >= sum(p["type"] == "PERSON" for r in ROWS for p in r["pii"])
     finally:
         assert llmpipe("down", data_dir=tmp_path).returncode == 0
+
+
+def readable_in(value: str, text: str) -> bool:
+    """`value` appears in `text` as itself: not inside a longer Latin word ("tom" in "customer", or in
+    base64 ciphertext, is not a readable name; it failed a clean clone once). Other scripts match as
+    substrings (Korean particles follow a name without a space)."""
+    return re.search(rf"(?<![A-Za-z0-9]){re.escape(value)}(?![A-Za-z0-9])", text) is not None
+
+
+def test_readable_in_tells_a_name_from_a_longer_word() -> None:
+    assert readable_in("tom", "ok so tom is coming") and readable_in("tom", "Tom's and tom's")
+    assert not readable_in("tom", "the customer's card") and not readable_in("tom", "q9Xtom3ZbA==")
+    assert readable_in("김민준", "김민준님이 전화했어요") and readable_in("4111 1111", "card 4111 1111.")
 
 
 UNSEEN = [json.loads(line) for line in (DATA / "pii_unseen.jsonl").read_text().splitlines() if line]
@@ -92,7 +106,7 @@ async def test_no_readable_pii_in_the_cache_write_backs_index_or_warehouse_after
         index_files = [p for p in (tmp_path / "cache-index").rglob("*") if p.is_file()]
         assert index_files
         haystacks["index"] = b"".join(p.read_bytes() for p in index_files).decode(errors="replace")
-        leaks = {(where, v) for where, text in haystacks.items() for v in values if v in text}
+        leaks = {(where, v) for where, text in haystacks.items() for v in values if readable_in(v, text)}
         assert not leaks, sorted((w, "len", len(v)) for w, v in leaks)[:10]  # where, never the value itself
     finally:
         assert llmpipe("down", data_dir=tmp_path).returncode == 0

@@ -28,6 +28,9 @@ DOC_GROWTH_BYTES = 1 << 20
 MAX_IMAGE_PIXELS = 40_000_000  # media's default pixel budget, also OpenCV's own cap in worker processes
 
 
+IDLE_DOZE_MAX_MS = 2000  # runtime/wakeup/bellpoll.py, step 3a
+
+
 class ConsumerSettings(BaseModel):
     """aiokafka consumer defaults measured on the embedded broker (docs/decisions/0001-embedded-broker-tansu.md)."""
 
@@ -52,7 +55,7 @@ class ConsumerSettings(BaseModel):
     doorbell: bool = Field(True, description="use the doorbell when the process has a doorbell_dir")
     doze_max_ms: int = Field(200, ge=1)
     # ... and each doze no ring ended doubles the next, up to this (runtime/wakeup/bellpoll.py, step 3a)
-    idle_doze_max_ms: int = Field(2000, ge=1)
+    idle_doze_max_ms: int = Field(IDLE_DOZE_MAX_MS, ge=1)
     # Without a doorbell: fetch at most once per this many ms while nothing comes (the warehouse
     # sink, whose flush interval paces it anyway); None: poll with the fetch waits above.
     fetch_every_ms: int | None = Field(None, ge=1)

@@ -96,7 +96,7 @@ class EpochWatch:
     """Step 2: `start()`/`stop()`, like every part of a stack. `path`: DATA_DIR/EPOCH_FILE; the gate
     file is beside it (DATA_DIR/GATE_FILE)."""
 
-    def __init__(self, path: Path, check_s: float = 0.25) -> None:
+    def __init__(self, path: Path, check_s: float = gate.WATCH_CHECK_S) -> None:
         self.path, self.check_s = path, check_s
         self.gate_path = path.parent.parent / GATE_FILE
         self.epoch = 0

@@ -39,6 +39,7 @@ from aiokafka import AIOKafkaProducer
 from pipeline.config.settings import PRODUCE_TIMEOUT_MAX_MS
 
 GATE_FILE = "run/broker.gate"
+WATCH_CHECK_S = 0.25  # step 2: how often every process's EpochWatch reads the file
 WAIT_S = 0.05  # a closed gate is checked this often: a flag, not an asyncio.Event (no loop is bound)
 
 _closed = False
@@ -80,9 +81,9 @@ def follow(path: Path) -> bool:
     return True
 
 
-def settle_s(check_s: float) -> float:
+def settle_s() -> float:
     """Step 3: from closing the gate to starting the new broker."""
-    return PRODUCE_TIMEOUT_MAX_MS / 1000 + 2 * check_s + 1.0
+    return PRODUCE_TIMEOUT_MAX_MS / 1000 + 2 * WATCH_CHECK_S + 1.0
 
 
 async def passage() -> None:

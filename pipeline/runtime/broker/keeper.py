@@ -60,8 +60,7 @@ class BrokerKeeper:
         self.broker, self.restore, self.on_restart = broker, restore, on_restart
         self.epoch_file, self.gate_file = epoch_file, gate_file
         self.check_s, self.max_backoff_s = check_s, max_backoff_s
-        # the other processes' watches read the gate file every 0.25 s (runtime/broker/epoch.py)
-        self.settle_s = gate.settle_s(0.25) if settle_s is None else settle_s
+        self.settle_s = gate.settle_s() if settle_s is None else settle_s
         self.restarts = 0
         self.last: BrokerRestart | None = None
         self.down_since: float | None = None

@@ -49,13 +49,13 @@ from collections.abc import Callable
 
 from aiokafka import AIOKafkaConsumer, TopicPartition
 
+from pipeline.config.settings import IDLE_DOZE_MAX_MS
 from pipeline.runtime.wakeup.doorbell import Bell
 from pipeline.runtime.wakeup.polling import FetchPacer, guarded_getmany
 
 log = logging.getLogger(__name__)
 
 NOWAIT_FETCH_MS = 1
-IDLE_DOZE_MAX_MS = 2000  # step 3a
 CHASE_MAX_WAIT_MS = 1024  # a fetch returns once it has records; Tansu reads a partition in time linear in its batch count
 
 

@@ -13,9 +13,10 @@ own process):
   gateway  `llmpipe up --processes` with the topology generate, postprocess and an `engine: openai`
            deployment on the mock, called through its OpenAI-compatible front door;
   product  the same with mask, cache, route, admit, generate, postprocess.
-  gateway-chained, product-chained  the same topologies with every stage chained to the one before it
-           where the partition key allows (docs/design.md, "Stage chains"): gateway is one chain;
+           Both run the default chains (docs/design.md, "Stage chains"): gateway is one chain,
            product is mask+cache, route, admit, generate+postprocess.
+  gateway-unchained, product-unchained  the same with every stage in its own worker group
+           (`chain: false`): one broker crossing per stage, the layout before chains.
 
 For each system and rate, after a warm-up: requests are sent open-loop (one every 1/rate s, each
 with a distinct prompt, so every llmpipe request misses the cache), each answer is timed from send
@@ -158,21 +159,24 @@ async def litellm(upstream: str, work: Path):
         logf.close()
 
 
-def chained(stages: list[str]) -> set[str]:
-    """The stages that can join the previous one's chain: the same input key in topics.yaml."""
-    from pipeline.runtime.topics import load_registry
+def chained(system: str) -> list[str]:
+    """The stages of the system's topology that run in the previous stage's worker."""
+    from pipeline.app.assemble import topology_for
+    from pipeline.config.settings import Settings
 
-    reg = load_registry()
-    key = {s: (reg[f"stage.{s}"].key if f"stage.{s}" in reg else "request_id") for s in stages}
-    return {s for prev, s in zip(stages, stages[1:]) if key[s] == key[prev]}
+    topology = topology_for(Settings.model_validate({"stages": stage_specs(system)}))
+    return [n for n in topology.order if topology.chained[n]]
+
+
+def stage_specs(system: str, policies: dict[str, Any] | None = None) -> list[dict[str, Any]]:
+    """`-unchained`: every stage its own group; otherwise the registry's default chains."""
+    split = {"chain": False} if system.endswith("-unchained") else {}
+    return [{"name": s, "policy": (policies or {}).get(s, {}), **split} for s in TOPOLOGIES[system.removesuffix("-unchained")]]
 
 
 def llmpipe_config(system: str, upstream: str, key: str) -> dict[str, Any]:
     from pipeline.registries.tenants import key_hash
     from pipeline.stages.route.config import RoutePolicy
-
-    topology = system.removesuffix("-chained")
-    chain = chained(TOPOLOGIES[topology]) if system.endswith("-chained") else set()
 
     # the shipped routes, with their deployment the mock (and no LoRA adapter: the mock serves none)
     routes = RoutePolicy().model_dump(mode="json")["routes"]
@@ -183,7 +187,7 @@ def llmpipe_config(system: str, upstream: str, key: str) -> dict[str, Any]:
             "tenants": [{"name": "bench", "limits": {}, "api_keys": [{"key_sha256": key_hash(key)}]}],
             "deployments": [{"name": "mock", "engine": "openai", "model": "mock", "base_url": upstream,
                              "concurrency": 256}],
-            "stages": [{"name": s, "policy": policies.get(s, {}), "chain": s in chain} for s in TOPOLOGIES[topology]]}
+            "stages": stage_specs(system, policies)}
 
 
 @asynccontextmanager
@@ -210,9 +214,8 @@ async def llmpipe(topology: str, upstream: str, work: Path, stack_env: dict[str,
         roots["front door + supervisor"] = roots.pop("supervisor")
         yield System(topology, stack["http_url"].rstrip("/") + "/v1/chat/completions",
                      {"Authorization": f"Bearer {key}"}, roots,
-                     notes={"stages": TOPOLOGIES[topology.removesuffix("-chained")],
-                            "chained": sorted(chained(TOPOLOGIES[topology.removesuffix("-chained")]))
-                            if topology.endswith("-chained") else [], "up_s": round(time.monotonic() - t0, 1)})
+                     notes={"stages": TOPOLOGIES[topology.removesuffix("-unchained")], "chained": chained(topology),
+                            "up_s": round(time.monotonic() - t0, 1)})
     finally:
         await asyncio.to_thread(cli, "down", timeout=300)
 
@@ -370,7 +373,7 @@ def ratio(a: float | None, b: float | None) -> float | None:
 def ratios(rows: dict[str, list[dict[str, Any]]]) -> list[dict[str, Any]]:
     peer = {r["rate"]: r for r in rows.get("litellm", [])}
     out = []
-    for name in ("gateway", "gateway-chained", "product", "product-chained"):
+    for name in ("gateway", "gateway-unchained", "product", "product-unchained"):
         for r in rows.get(name, []):
             p = peer.get(r["rate"])
             if p is None:
@@ -458,7 +461,7 @@ def main(quick: bool = typer.Option(False, "--quick", help="rates 10 and 40, 6 s
                                                                      "(repeatable), e.g. a consumer setting")) -> None:
     t0 = time.perf_counter()
     chosen = [s.strip() for s in systems.split(",") if s.strip()]
-    unknown = set(chosen) - {"direct", "litellm", "gateway", "product", "gateway-chained", "product-chained"}
+    unknown = set(chosen) - {"direct", "litellm", "gateway", "product", "gateway-unchained", "product-unchained"}
     if unknown:
         raise typer.BadParameter(f"unknown systems: {sorted(unknown)}")
     rate_list = [float(r) for r in rates.split(",") if r.strip()] or ([10.0, 40.0] if quick else [10.0, 20.0, 40.0, 80.0])

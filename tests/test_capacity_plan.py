@@ -9,6 +9,7 @@ from typer.testing import CliRunner
 
 from pipeline.analysis.capacity import (
     StageCost,
+    chain_costs,
     costs_from_bench,
     costs_from_capacity,
     plan,
@@ -70,6 +71,19 @@ def test_warehouse_costs_are_busy_time_per_visit():
             {"stage": "idle", "capacity_per_worker_rps": None, "visit_share": 1.0}]
     (c,) = costs_from_capacity(rows, {"generate": 6})
     assert c.ms_per_visit == pytest.approx(20.0) and c.share == 0.25 and c.partitions == 6
+
+
+def test_chained_stages_are_planned_as_their_chains_worker():
+    costs = [StageCost("mask", 10.0, 1.0, 6), StageCost("cache", 4.0, 0.5, 6), StageCost("route", 1.0, 1.0, 6),
+             StageCost("generate", 8.0, 0.25, 6), StageCost("sink", 0.5, 1.0, 6)]
+    folded = chain_costs(costs, {"mask": ["mask", "cache"], "route": ["route"], "generate": ["generate", "postprocess"]})
+    by = {c.stage: c for c in folded}
+    assert set(by) == {"mask+cache", "route", "generate", "sink"}
+    assert by["mask+cache"].ms_per_visit == pytest.approx(12.0) and by["mask+cache"].share == 1.0
+    assert by["generate"].ms_per_visit == pytest.approx(2.0) and by["generate"].partitions == 6
+    # one worker group, so one row with its partitions: 100 req/s x 12 ms at 0.6 busy = 2 workers
+    (row,) = [r for r in plan(100, folded, utilization=0.6).stages if r.stage == "mask+cache"]
+    assert row.workers == 2 and row.top_rps_now == pytest.approx(300.0)
 
 
 def test_the_cli_prints_a_plan_from_a_bench_result(tmp_path):

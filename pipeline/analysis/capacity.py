@@ -6,7 +6,9 @@ visit, visited by a `share` of requests, needs rate x share x ms / 1000 cores at
 keeps each worker at `utilization` (0.7: headroom for bursts and rebalances). A consumer group uses
 at most one worker per partition, so a stage's input topic needs at least as many partitions as it
 has workers; with today's partitions the stage tops out at partitions x utilization / (share x s).
-The limiting stage is the one that tops out first. Engine replicas: rate x output tokens per
+The limiting stage is the one that tops out first. Stages chained in one worker (docs/design.md,
+"Stage chains") are planned as one: their costs add up in the chain's worker, whose group scales on
+the first stage's partitions. Engine replicas: rate x output tokens per
 request / tokens per second of one replica (its measured continuous-batching throughput).
 """
 
@@ -109,3 +111,19 @@ def costs_from_capacity(rows: list[dict], partitions: dict[str, int]) -> list[St
         out.append(StageCost(r["stage"], 1000 / per_worker, min(1.0, float(r.get("visit_share") or 1.0)),
                              partitions.get(r["stage"])))
     return out
+
+
+def chain_costs(costs: list[StageCost], chains: dict[str, list[str]]) -> list[StageCost]:
+    """Per-stage costs folded into their chains' workers (`chains`: first stage -> its stages): a chain
+    costs the sum of its stages' worker time per request and is named `mask+cache`."""
+    by_stage = {c.stage: c for c in costs}
+    out = []
+    for head, members in chains.items():
+        present = [by_stage[m] for m in members if m in by_stage]
+        if not present:
+            continue
+        ms = sum(c.share * c.ms_per_visit for c in present)
+        partitions = by_stage[head].partitions if head in by_stage else present[0].partitions
+        out.append(StageCost("+".join(c.stage for c in present), ms, 1.0, partitions))
+    grouped = {m for members in chains.values() for m in members}
+    return out + [c for c in costs if c.stage not in grouped]

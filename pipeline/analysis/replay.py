@@ -5,9 +5,17 @@ Protocol:
    record's own timestamp (the embedded broker's offsets_for_times is unreliable, so we read from
    the partition start and skip earlier records); the end is an explicit offset/time, or the
    point where the partition stays idle for `idle_ms` (end_offsets() under-reports on Tansu).
-2. Run the records through the stage's record protocol (StageHandler) with a replay_id. Shadow:
-   only evidence is produced (shadow=1), nothing reaches callers or the next stage.
-3. Diff every replayed decision against the original evidence of the same stage and request.
+2. Find the path from the topic to the stage (`replay_path`): the stage whose input the topic is
+   (`requests`: the first stage), then the stages chained after it up to the one replayed. A chained
+   stage's forwards never reached its own topic (docs/design.md, "Stage chains"), so its history is
+   read from its chain's first topic and the stages before it re-decide with their live policies.
+   A stage before it that `replay_reruns` something (generate calls the model again) is re-run only
+   when the caller says so (`rerun=True`); otherwise the replay is refused, naming the split that
+   keeps the stage's input in Kafka (`chain: false`).
+3. Run the records through the path's handlers (StageHandler, chained as in a worker) with a
+   replay_id; the replayed stage gets the new policy. Shadow: only evidence is produced (shadow=1);
+   a forward inside the path is handed over in memory, nothing reaches callers or another topic.
+4. Diff every replayed decision against the original evidence of the same stage and request.
 """
 
 from __future__ import annotations
@@ -29,6 +37,7 @@ from pipeline.runtime.handler import Item
 from pipeline.runtime.outputs import make_producer
 from pipeline.runtime.stage_handler import ReplayMode, StageHandler
 from pipeline.runtime.topics import TopicNames
+from pipeline.runtime.topology import Topology
 from pipeline.stores.warehouse import QueryResult
 
 
@@ -74,12 +83,39 @@ def parse_bound(text: str | None) -> tuple[dict[int, int] | None, int | None]:
         return None, parse_time_ms(text)
 
 
+def replay_path(topology: Topology, names: TopicNames, full_topic: str, stage: str, *, rerun: bool = False) -> list[str]:
+    """Step 2: the stages a record of `full_topic` passes to reach `stage` inside one chain."""
+    topology.spec(stage)  # an unknown stage: the topology's error
+    entry = next((n for n in topology.order if names.stage_input(n) == full_topic), None)
+    if full_topic == names.requests:
+        entry = topology.first
+    if entry is None or entry == stage:
+        return [stage]  # a stage's own topic, or one no stage reads: the stage alone, as before chains
+    order = topology.order
+    if order.index(entry) > order.index(stage):
+        raise ReplayError(f"{full_topic} is read by {entry!r}, after {stage!r}: replay {stage!r} from its own topic")
+    path = order[order.index(entry):order.index(stage) + 1]
+    apart = [n for n in path[1:] if topology.head_of(n) != topology.head_of(entry)]
+    if apart:
+        raise ReplayError(f"stage {apart[0]!r} is not chained to {entry!r} in this topology: its records are on its "
+                          f"own topic, {names.stage_input(apart[0])}; replay {stage!r} from there")
+    for name in path[:-1]:
+        reruns = topology.stage_class(name).replay_reruns
+        if reruns and not rerun:
+            raise ReplayError(f"{stage!r} runs behind {name!r} in a chain, so its input was never in Kafka: replaying "
+                              f"it re-runs {name!r}, which {reruns}. Pass --rerun to do that (the diff is then "
+                              f"{stage!r}'s decisions on new {name!r} outputs), or set `chain: false` on "
+                              f"{order[order.index(name) + 1]!r} to keep its input on a topic")
+    return path
+
+
 @dataclass
 class ReplayReport:
     replay_id: str
     stage: str
     topic: str
     shadow: bool
+    through: list[str] = field(default_factory=list)  # the path's stages, the replayed one last
     records: int = 0
     decisions: int = 0
     compared: int = 0
@@ -93,7 +129,7 @@ class ReplayReport:
     def as_json(self) -> dict[str, Any]:
         return {
             "replay_id": self.replay_id, "stage": self.stage, "topic": self.topic, "shadow": self.shadow,
-            "records": self.records, "decisions": self.decisions, "compared": self.compared,
+            "through": self.through, "records": self.records, "decisions": self.decisions, "compared": self.compared,
             "changed": self.changed, "unchanged": self.compared - self.changed,
             "without_original": self.without_original,
             "changes": _nest(self.transitions), "changed_by_reason": _nest(self.by_reason),
@@ -156,15 +192,21 @@ async def replay(
     query: Callable[[str, dict[str, Any]], QueryResult],
     idle_ms: int = 1500,
     partitions: list[int] | None = None,
+    rerun: bool = False,
 ) -> ReplayReport:
     names = TopicNames(settings.topic_prefix)
     full_topic = topic if topic.startswith(settings.topic_prefix) else names(topic)
     replay_id = replay_id or f"replay-{uuid.uuid4().hex[:12]}"
     topology = topology_for(settings)
+    path = replay_path(topology, names, full_topic, stage, rerun=rerun)
     decisions: list[Evidence] = []
-    handler = StageHandler(topology.build(stage, policy, bootstrap), topology, names, f"replay:{replay_id}",
-                           replay=ReplayMode(replay_id, shadow), on_evidence=decisions.extend)
-    report = ReplayReport(replay_id, stage, full_topic, shadow)
+    mode = ReplayMode(replay_id, shadow)
+    handlers = [StageHandler(topology.build(name, policy if name == stage else None, bootstrap), topology, names,
+                             f"replay:{replay_id}", replay=mode, on_evidence=decisions.extend) for name in path]
+    handler = handlers[0]
+    for prev, nxt in zip(handlers, handlers[1:]):
+        prev.chain(nxt)
+    report = ReplayReport(replay_id, stage, full_topic, shadow, path)
     producer: AIOKafkaProducer = make_producer(settings, bootstrap)
     consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False, fetch_max_wait_ms=5,
                                 **kafka_kwargs(settings.kafka))

@@ -15,6 +15,7 @@ from collections.abc import Callable
 from contextlib import AsyncExitStack
 
 from pipeline.config.settings import Settings
+from pipeline.runtime.errors import TopologyError
 from pipeline.runtime.stage_handler import StageHandler
 from pipeline.runtime.topics import TopicNames
 from pipeline.runtime.topology import Topology
@@ -32,15 +33,17 @@ def group_id(settings: Settings, stage: str) -> str:
 def stage_worker(settings: Settings, topology: Topology, stage: str, bootstrap: str) -> StageWorker:
     """The worker of the group `stage` starts: its stage, and the stages chained to it (each with its
     own handler, linked in order; the worker consumes every input topic of the chain)."""
+    head = topology.head_of(stage)
+    if head != stage:  # its own group would also read the chain's topics: every jump there decided twice
+        raise TopologyError(f"stage {stage!r} runs in the chain of {head!r}: start the workers of {head!r}, or set "
+                            f"`chain: false` on {stage!r} to scale it alone (docs/design.md, \"Stage chains\")")
     names = TopicNames(settings.topic_prefix)
     worker_id = settings.worker_id or default_worker_id()
     handler = StageHandler(topology.build(stage, bootstrap=bootstrap), topology, names, worker_id)
     last = handler
     for member in topology.chain(stage)[1:]:
         last = last.chain(StageHandler(topology.build(member, bootstrap=bootstrap), topology, names, worker_id))
-    topics = [names.stage_input(stage), *(names(t) for t in handler.stage.side_inputs), *handler.chain_topics()]
-    if stage == topology.first:
-        topics.append(names.requests)  # external producers publish to `requests`
+    topics = topology.group_topics(stage, names)
     spec = topology.spec(stage)
     return StageWorker(handler, settings, bootstrap=bootstrap, topics=topics, group_id=group_id(settings, stage),
                        runtime=settings.runtime_for(spec), consumer=settings.consumer_for(spec), worker_id=worker_id)

@@ -161,7 +161,7 @@ def _plan_costs(s: Any, bench: Path | None, system: str, since: str) -> tuple[li
     """Measured cost per request per stage: a bench result, else the warehouse's stage_capacity query."""
     import json as jsonlib
 
-    from pipeline.analysis.capacity import costs_from_bench, costs_from_capacity
+    from pipeline.analysis.capacity import chain_costs, costs_from_bench, costs_from_capacity
     from pipeline.analysis.report import query_text, run_query, since_param
     from pipeline.app.assemble import topology_for
 
@@ -182,6 +182,8 @@ def _plan_costs(s: Any, bench: Path | None, system: str, since: str) -> tuple[li
     costs = costs_from_capacity(rows, partitions)
     if not costs:
         raise CliError(f"no stage decisions in the warehouse since {since}: run traffic first, or give --from")
+    topology = topology_for(s)  # a bench result is per process already: one per chain
+    costs = chain_costs(costs, {head: topology.chain(head) for head in topology.groups()})
     return costs, f"worker busy time per request, warehouse, since {since}"
 
 
@@ -296,9 +298,12 @@ def replay(topic: Annotated[str, typer.Option("--topic", help="registry name (e.
            shadow: Annotated[bool, typer.Option("--shadow", help="evidence only: nothing reaches callers")] = False,
            replay_id: Annotated[str | None, typer.Option("--replay-id")] = None,
            idle_ms: Annotated[int, typer.Option("--idle-ms", help="end of range when no --to: idle this long")] = 1500,
+           rerun: Annotated[bool, typer.Option("--rerun", help="re-run a stage before it in its chain that calls "
+                                                               "the model or fetches again (docs/design.md)")] = False,
            data_dir: DataDir = Path(".llmpipe"), config: ConfigFile = None, bootstrap: Bootstrap = None,
            json: Json = False) -> None:
-    """Re-run a stage over a topic range (optionally a new policy, in shadow) and diff its decisions."""
+    """Re-run a stage over a topic range (optionally a new policy, in shadow) and diff its decisions.
+    A stage chained behind others is replayed from its chain's first topic through them."""
     import asyncio
 
     import yaml
@@ -321,10 +326,10 @@ def replay(topic: Annotated[str, typer.Option("--topic", help="registry name (e.
         if not isinstance(pol, dict):
             raise CliError(f"{policy}: a policy file is a YAML mapping")
     report = asyncio.run(run_replay(s, bs, topic=topic, stage=stage, rng=rng, policy=pol, shadow=shadow,
-                                    replay_id=replay_id, query=_query_fn(s), idle_ms=idle_ms))
+                                    replay_id=replay_id, query=_query_fn(s), idle_ms=idle_ms, rerun=rerun))
     doc = report.as_json()
     if not json:
-        out.print(f"replay {report.replay_id}: {report.records} records through {stage} "
+        out.print(f"replay {report.replay_id}: {report.records} records through {' -> '.join(report.through)} "
                   f"({'shadow' if shadow else 'live'}); {report.compared} compared, {report.changed} changed, "
                   f"{report.without_original} without original evidence")
         t = Table("stage", "change", "count")

@@ -81,6 +81,30 @@ def topics_apply(data_dir: DataDir = Path(".llmpipe"), config: ConfigFile = None
         out.print(f"created {len(res.created)} topics, {len(res.existing)} already existed")
 
 
+@topics_app.command("chains")
+@command
+def topics_chains(data_dir: DataDir = Path(".llmpipe"), config: ConfigFile = None, json: Json = False) -> None:
+    """The worker groups of the topology: each chain's stages, the topics its workers consume, and why
+    a chain ends where it does (topics/topics.yaml `boundary`, or a `chain: false`)."""
+    from rich.table import Table
+
+    from pipeline.app.assemble import topology_for
+    from pipeline.runtime.topics import TopicNames
+
+    s = _settings(data_dir, config, None)
+    topology = topology_for(s)
+    names = TopicNames(s.topic_prefix)
+    groups = [{"group": head, "stages": topology.chain(head), "starts_because": topology.boundary(head),
+               "consumes": topology.group_topics(head, names)} for head in topology.groups()]
+    if json:
+        _print_json({"groups": groups})
+        return
+    t = Table("worker group", "stages", "a chain starts here because", "consumes")
+    for g in groups:
+        t.add_row(g["group"], " -> ".join(g["stages"]), g["starts_because"], ", ".join(g["consumes"]))
+    out.print(t)
+
+
 @app.command()
 @command
 def up(data_dir: DataDir = Path(".llmpipe"), config: ConfigFile = None, bootstrap: Bootstrap = None,

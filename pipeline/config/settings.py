@@ -244,9 +244,11 @@ class StageSpec(BaseModel):
     policy: dict[str, Any] = Field(default_factory=dict)
     runtime: dict[str, Any] = Field(default_factory=dict, description="RuntimeSettings overrides")
     consumer: dict[str, Any] = Field(default_factory=dict, description="ConsumerSettings overrides (e.g. fetch_max_wait_ms)")
-    chain: bool = Field(False, description="run in the previous stage's workers, handed over in memory instead of "
-                                           "through its input topic (same partition key required); see "
-                                           "docs/design.md, \"Stage chains\"")
+    chain: bool | None = Field(None, description="run in the previous stage's workers, handed over in memory instead "
+                                                 "of through its input topic (same partition key required). Unset: "
+                                                 "chained unless topics/topics.yaml marks a boundary at its input "
+                                                 "(false splits it off, to scale it alone); see docs/design.md, "
+                                                 "\"Stage chains\"")
 
     model_config = {"populate_by_name": True}
 

@@ -122,6 +122,9 @@ class Stage:
     #: more input topics (registry name -> value model) read by the same consumer, so they are
     #: co-partitioned with the stage's input (e.g. admit's completions, keyed by tenant like its input)
     side_inputs: ClassVar[dict[str, type[BaseModel]]] = {}
+    #: what re-running this stage in a replay does beyond deciding (e.g. "calls the model again"):
+    #: a replay of a stage chained behind it re-runs it only when asked (pipeline/analysis/replay.py)
+    replay_reruns: ClassVar[str] = ""
 
     @classmethod
     def applies_to(cls, doc: RequestDoc) -> bool:

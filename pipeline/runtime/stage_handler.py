@@ -13,7 +13,8 @@
    backoff (PermanentError: not retried), then DLQ + `error` answer + evidence.
 4. Outputs: the runtime appends the stage's timing record, stamps every evidence row (worker,
    partition, offset, timings, replay_id/shadow) and produces the forward or the answer, the
-   evidence and the rollouts. In shadow mode only evidence is produced.
+   evidence and the rollouts. In shadow mode only evidence is produced (a forward to the next
+   stage of a chain is still handed over in memory, so a replay re-decides the whole path).
 5. Flush: return only when the broker acknowledged every output of the batch.
 
 A chain (docs/design.md, "Stage chains"): stages whose inputs share a partition key run in one
@@ -422,14 +423,15 @@ class StageHandler:
             err = self._error_response(doc, "topology_error", f"stage {self.name} forwarded but no stage follows it")
             await self._answer(out, err, doc.reply_to, headers, idempotent=doc.idempotency_key is not None)
             return
-        if self.replay and self.replay.shadow:
-            self.metrics.processed("shadow")
-            return
         if self.chained is not None and nxt == self.chained.name and isinstance(out, _ChainOutputs):
+            # in memory, so also in a shadow replay: the next stage of the chain re-decides it too
             rec = w.item.record
             handed = HandedRecord(self.names.stage_input(nxt), rec.partition, rec.offset, rec.key, headers, now_ms(), doc)
             out.handed.setdefault(nxt, []).append(_Work(Item(w.item.tp, handed, w.item.generation), doc, 0))
             self.metrics.processed("handed_over")
+            return
+        if self.replay and self.replay.shadow:
+            self.metrics.processed("shadow")
             return
         value = encode(doc)
         try:

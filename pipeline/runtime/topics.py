@@ -21,6 +21,9 @@ class TopicSpec:
     cleanup_policy: str
     value_schema: str | None
     replication_factor: int = 1
+    # a stage input only: why a chain must end before this stage (a key or scaling-unit change);
+    # None: the stage joins the previous stage's chain by default (docs/design.md, "Stage chains")
+    boundary: str | None = None
 
     def configs(self) -> dict[str, str]:
         return {"retention.ms": str(self.retention_ms), "cleanup.policy": self.cleanup_policy}

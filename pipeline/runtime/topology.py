@@ -15,7 +15,7 @@ from pipeline.contracts import RequestDoc
 from pipeline.contracts.request import ANONYMOUS_TENANT
 from pipeline.runtime.errors import TopologyError
 from pipeline.runtime.stage import Stage, StageContext
-from pipeline.runtime.topics import TopicSpec, load_registry
+from pipeline.runtime.topics import TopicNames, TopicSpec, load_registry
 
 
 def import_object(path: str) -> object:
@@ -48,13 +48,39 @@ class Topology:
         self.registry = registry or load_registry()
         self._classes: dict[str, type[Stage]] = {}
         self.check_chains()
+        self.chained = {name: self._chains(prev, name) for prev, name in zip([None, *self.order], self.order)}
+
+    def _chains(self, prev: str | None, name: str) -> bool:
+        """Does `name` run in `prev`'s chain? As its spec says; unset, by the registry: the stage's input
+        topic marks no boundary and has the same key as the previous stage's."""
+        explicit = self.specs[name].chain
+        if explicit is not None or prev is None:
+            return bool(explicit)
+        mine, theirs = self.registry.get(f"stage.{name}"), self.registry.get(f"stage.{prev}")
+        return mine is not None and theirs is not None and mine.boundary is None and mine.key == theirs.key
 
     def head_of(self, name: str) -> str:
         """The first stage of the chain `name` runs in (itself when it is not chained)."""
         i = self.order.index(name)
-        while i > 0 and self.specs[self.order[i]].chain:
+        while i > 0 and self.chained[self.order[i]]:
             i -= 1
         return self.order[i]
+
+    def boundary(self, name: str) -> str:
+        """Why `name` starts a chain (`llmpipe topics chains`); empty when it does not."""
+        if self.order and name == self.order[0]:
+            return "the first stage"
+        if self.chained[name]:
+            return ""
+        if self.specs[name].chain is False:
+            return "split by its topology entry (chain: false)"
+        spec = self.registry.get(f"stage.{name}")
+        prev = self.registry.get(f"stage.{self.order[self.order.index(name) - 1]}")
+        if spec is None or prev is None:
+            return "not in the topic registry: chains only where it says so (chain: true)"
+        if spec.boundary:
+            return spec.boundary
+        return f"its input is keyed by {spec.key}, the previous stage's by {prev.key}"
 
     def groups(self) -> list[str]:
         """One worker group per chain, named by its first stage, in pipeline order."""
@@ -64,12 +90,20 @@ class Topology:
         """The stages of the chain `head` starts, in order."""
         return [n for n in self.order if self.head_of(n) == head]
 
+    def group_topics(self, head: str, names: TopicNames) -> list[str]:
+        """What the worker group of the chain `head` consumes: its first stage's input and side inputs,
+        the input of every later stage of the chain (jumps to it land there), and for the first
+        stage of the pipeline `requests`, where external producers publish."""
+        topics = [names.stage_input(head), *(names(t) for t in self.stage_class(head).side_inputs),
+                  *(names.stage_input(m) for m in self.chain(head)[1:])]
+        return topics + [names.requests] if head == self.first else topics
+
     def check_chains(self) -> None:
         """A stage joins the previous one's chain only where its input has the same partition key:
         a key change (admit by tenant, route by device) needs the broker to move the record."""
         for prev, name in zip(self.order, self.order[1:]):
             if not self.specs[name].chain:
-                continue
+                continue  # unset: chained by the registry's rule, which never crosses a key change
             mine, theirs = self.registry.get(f"stage.{name}"), self.registry.get(f"stage.{prev}")
             key, prev_key = (mine.key if mine else "request_id"), (theirs.key if theirs else "request_id")
             if key != prev_key:

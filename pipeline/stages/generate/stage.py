@@ -116,6 +116,7 @@ class GenerateStage(Stage):
     max_batch = 16
     max_wait_ms = 5
     policy_model = GeneratePolicy
+    replay_reruns = "calls the model again (new answers, new cost)"
 
     def __init__(self, ctx: StageContext) -> None:
         super().__init__(ctx)

@@ -47,6 +47,7 @@ class MediaStage(Stage):
     max_batch = 8
     max_wait_ms = 2
     policy_model = MediaPolicy
+    replay_reruns = "fetches every image URL again"
 
     @classmethod
     def applies_to(cls, doc: RequestDoc) -> bool:

@@ -329,6 +329,8 @@ async def measure(session: aiohttp.ClientSession, system: System, rate: float, s
             errors[k] = errors.get(k, 0) + 1
     return {"rate": rate, "sent": len(shots), "ok": len(ok), "errors": errors,
             "p50_ms": pct(lat, 50), "p99_ms": pct(lat, 99),
+            # overload: how fast a refusal comes back (the door's 503 overloaded, admit's 429)
+            "refused_p99_ms": pct([1000 * (s.done - s.sent) for s in shots if s.status in (429, 503) and s.done], 99),
             "achieved_rps": round(len(ok) / wall, 1) if wall else None,
             "kept_up": len(ok) == len(shots) and wall <= offered + max(2.0, 0.1 * offered),
             "cpu_ms_per_req": round(1000 * mine / len(ok), 1) if ok and system.roots else None,

@@ -10,12 +10,11 @@ import random
 import time
 from collections import Counter
 
-import httpx
 import pytest
 
 from pipeline.config.settings import Settings, StageSpec
 from pipeline.config.tenants import TenantLimits
-from pipeline.contracts import RequestDoc, Response, Status
+from pipeline.contracts import RequestDoc, Status
 from pipeline.contracts.feedback import Feedback, Refusal
 from pipeline.registries.metering import (
     DEFAULT_FEEDBACK_RPM,
@@ -28,6 +27,8 @@ from pipeline.stages.admit.policy import Ask, TenantState, admit, evaluate, roll
 from pipeline.stages.mask.pii import MaskResult
 from pipeline.stores.owners import Owners
 from pipeline.stores.warehouse import QueryResult
+from tests.support.door import door_without_broker as _door
+from tests.support.door import post as _post
 
 
 class FakeClock:
@@ -210,37 +211,6 @@ def test_mask_refuses_an_over_rate_tenant_before_masking(tmp_path):
 
 
 # ---- the door ---------------------------------------------------------------------------------
-
-def _door(tmp_path, owners=None):
-    from pipeline.ingress.http import FrontDoor
-    from pipeline.registries.tenants import key_hash
-    from pipeline.security.sealing import keyring_for
-
-    keys = {"slow": "lp-slow-key", "busy": "lp-busy-key"}
-    s = Settings(data_dir=tmp_path, tenants=[
-        {"name": "slow", "limits": {"rpm": 2}, "api_keys": [{"key_sha256": key_hash(keys["slow"])}]},
-        {"name": "busy", "api_keys": [{"key_sha256": key_hash(keys["busy"])}]}])
-    door = FrontDoor(s, "127.0.0.1:1", owners)
-    door.client.reply_partition = 0  # never started: nothing reaches a broker
-    door.keyring, door.ready = keyring_for(s), True
-    published: list[str] = []
-
-    async def wait(doc: RequestDoc, timeout_s: float) -> Response:
-        published.append(doc.request_id)
-        return Response(request_id=doc.request_id, status=Status.ok, text="hi", answered_by="postprocess")
-
-    async def send_feedback(fb: Feedback) -> None:
-        published.append(fb.feedback_id)
-
-    door._wait = wait
-    door.client.send_feedback = send_feedback
-    return door, keys, published
-
-
-async def _post(door, path: str, key: str, body: dict) -> httpx.Response:
-    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=door.app), base_url="http://door") as c:
-        return await c.post(path, json=body, headers={"authorization": f"Bearer {key}"})
-
 
 @pytest.mark.asyncio
 async def test_the_door_answers_429_for_the_over_rate_tenant_while_another_is_served(tmp_path):

@@ -221,6 +221,10 @@ class HttpSettings(BaseModel):
                                                             "once, until the broker answers again)")
     tokenizer: bool = Field(True, description="load the served model's tokenizer to spell logprob tokens "
                                               "(false: tokens are shown as ids)")
+    max_queue_s: float | None = Field(None, gt=0, description="refuse a request at once (503 overloaded, "
+                                                                "Retry-After) when its estimated time to an answer "
+                                                                "exceeds this; unset: only beyond its own deadline "
+                                                                "(pipeline/ingress/shed.py)")
 
 
 class SecretSettings(BaseModel):

@@ -42,6 +42,7 @@ from pipeline.contracts.request import ANONYMOUS_TENANT
 from pipeline.ingress.client import Client, ClientTimeout, PublishError
 from pipeline.ingress.openai_body import BodyError, ChatRequest, chat_request
 from pipeline.ingress.openai_reply import completion, error_body, http_status, retry_after_s
+from pipeline.ingress.shed import Shedder
 from pipeline.ingress.sse import SseReply, stream_evidence
 from pipeline.ingress.stream_follow import Ended, Piece
 from pipeline.registries.metering import TenantMeter, feedback_cost, feedback_rate, prompt_size_refusal, request_rate
@@ -94,6 +95,7 @@ class FrontDoor:
         # this door's cheap pre-checks per tenant (registries/metering.py); admit holds the exact limits
         self.request_meter = TenantMeter(request_rate, "requests")
         self.feedback_meter = TenantMeter(feedback_rate, "feedback")
+        self.shedder = Shedder(settings.http.max_queue_s)  # overload: refuse at once what would wait too long
         self.follower: ControlFollower | None = None
         self.keyring: Keyring | None = None
         self._last_recheck = 0.0
@@ -196,14 +198,24 @@ class FrontDoor:
         request_id = uuid.uuid4().hex
         try:
             doc, parsed, timeout_s = await self._request(request, request_id)
+            now = time.monotonic()
+            if (shed := self.shedder.check(now, (doc.deadline_ms or 0) / 1000 - time.time())) is not None:
+                raise HttpError(503, "overloaded", shed.reason, {"Retry-After": str(shed.retry_after_s)})
+            self.shedder.started()
+            answered = False
             try:
                 if parsed.stream:
-                    return await self._stream(doc, parsed, timeout_s, t0)
+                    streamed = await self._stream(doc, parsed, timeout_s, t0)
+                    answered = True
+                    return streamed
                 resp = await self._wait(doc, timeout_s)
+                answered = True
             except PublishError as exc:
                 if self.broker is not None:
                     self.broker.failed(str(exc))
                 raise _broker_unavailable() from None
+            finally:
+                self.shedder.finished(time.monotonic(), answered)
         except HttpError as exc:
             _LATENCY.observe(time.perf_counter() - t0)
             return self._http_error(exc, request_id)

@@ -9,6 +9,7 @@ import typer
 
 from pipeline.cli.app import app
 from pipeline.cli.common import (
+    CliError,
     DataDir,
     Json,
     _print_json,
@@ -28,7 +29,8 @@ def demo(data_dir: DataDir = Path(".llmpipe/demo"),
                                               ] = Path("examples/demo.yaml"),
          traffic: Annotated[Path, typer.Option("--traffic", exists=True, dir_okay=False,
                                                help="demo traffic JSONL")] = Path("examples/demo_traffic.jsonl"),
-         rate: Annotated[float, typer.Option(help="requests per second offered")] = 2.5,
+         rate: Annotated[float | None, typer.Option(help="requests per second offered (default: measured: "
+                                                         "70 % of what this host answers, at most 2.5)")] = None,
          concurrency: Annotated[int, typer.Option(help="requests in flight at most")] = 48,
          json: Json = False) -> None:
     """Start the embedded stack, send the bundled traffic through the front door, print the report, stop."""
@@ -47,10 +49,12 @@ def demo(data_dir: DataDir = Path(".llmpipe/demo"),
     d.mkdir(parents=True, exist_ok=True)
     images = DemoImageServer().start()
     t0 = _time.monotonic()
-    since = parse_since("1s")  # the report covers this run only
     try:
         info, keys = _start_stack(d, config, images.port)
         out.print(f"stack up in {_time.monotonic() - t0:.0f}s; front door {info.http_url}")
+        if rate is None:
+            rate = _measured_rate(info.http_url, keys, config)
+        since = parse_since("1s")  # the report covers the traffic only (not the pace probes)
         run = _send(lines, info.http_url, keys, images.base_url, rate, concurrency, quiet=json)
         query = _query_fn(_settings(d, None, None))
         _wait_for_rows(query, run.reached_pipeline(), 90)
@@ -68,6 +72,33 @@ def demo(data_dir: DataDir = Path(".llmpipe/demo"),
                 stop_stack(d)
 
 
+def _measured_rate(http_url: str, keys: dict[str, str], config: Path) -> float:
+    """What this host carries, measured through the door (pipeline/demo/pace.py) as a tenant without
+    limits, and the rate offered."""
+    import asyncio
+
+    import httpx
+    import yaml
+
+    from pipeline.demo.pace import measure_capacity, pick_rate
+
+    free = [t["name"] for t in yaml.safe_load(config.read_text()).get("tenants", []) if not t.get("limits")]
+    key = next((keys[t] for t in free if t in keys), None)
+    if key is None:
+        raise CliError(f"{config}: no tenant without limits to measure this host's pace with; give --rate")
+
+    async def measure():
+        async with httpx.AsyncClient(base_url=http_url, timeout=httpx.Timeout(600.0)) as client:
+            return await measure_capacity(client, key)
+
+    with out.status("measuring what this host answers (4 requests at once, twice)..."):
+        cap = asyncio.run(measure())
+    rate = pick_rate(cap)
+    out.print(f"this host answered {cap.answers_per_s:.2f} requests/s ({cap.probes} at once, p50 "
+              f"{cap.latency_p50_s:.1f} s): offering {rate:g} req/s (--rate to choose)")
+    return rate
+
+
 def _start_stack(d: Path, config: Path, images_port: int):
     """A key per configured tenant (one not configured gets 401: "nobody"), the demo's config with
     them, and `llmpipe up --processes` on it in the background."""
@@ -80,7 +111,7 @@ def _start_stack(d: Path, config: Path, images_port: int):
     keys = {t: new_api_key() for t in demo_tenants(config)}
     cfg_file = d / "demo-config.yaml"
     cfg_file.write_text(yaml.safe_dump(demo_config(config, keys, images_port), allow_unicode=True))
-    with out.status("starting the stack: broker, warehouse, 8 stage workers, vLLM (about a minute)..."):
+    with out.status("starting the stack: broker, warehouse, the stage workers, vLLM (about a minute)..."):
         info = start_detached(["up", "--processes", "--data-dir", str(d), "--config", str(cfg_file)], d,
                               timeout_s=600)
     return info, keys

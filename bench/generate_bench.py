@@ -9,7 +9,7 @@
     every prompt submitted at once with asyncio.gather.
 (b) pipeline: `llmpipe up --detach --processes` on a fresh data dir (the model prepared in (a) is
     reused), then every prompt submitted at once with Client.submit_many (mask -> cache -> route ->
-    admit -> generate -> postprocess, one worker process per stage), answers awaited on the reply partition.
+    admit -> generate -> postprocess, one worker process per chain), answers awaited on the reply partition.
 
 tokens/s = generated tokens / (first submit -> last answer). ignore_eos is not exposed, so the
 prompts ask for long essays and the tokens actually generated are counted (a short answer lowers

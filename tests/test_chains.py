@@ -110,6 +110,9 @@ def test_the_default_topology_chains_where_the_registry_allows_and_chain_false_s
     # a worker for a stage that runs in another's chain would decide the jumps to it twice: refused
     with pytest.raises(TopologyError, match="runs in the chain of 'generate'.*chain: false"):
         stage_worker(Settings(), topo, "postprocess", "127.0.0.1:1")
+    # and `llmpipe worker` says so before it starts anything (no broker, no metrics port)
+    r = llmpipe_in_process("worker", "postprocess", data_dir=tmp_path)
+    assert r.returncode != 0 and "runs in the chain of 'generate'" in r.stdout + r.stderr, (r.stdout, r.stderr)
 
 
 def test_a_replay_path_runs_through_the_chain_and_asks_before_re_running_the_model():

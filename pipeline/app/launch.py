@@ -15,7 +15,6 @@ from collections.abc import Callable
 from contextlib import AsyncExitStack
 
 from pipeline.config.settings import Settings
-from pipeline.runtime.errors import TopologyError
 from pipeline.runtime.stage_handler import StageHandler
 from pipeline.runtime.topics import TopicNames
 from pipeline.runtime.topology import Topology
@@ -33,10 +32,7 @@ def group_id(settings: Settings, stage: str) -> str:
 def stage_worker(settings: Settings, topology: Topology, stage: str, bootstrap: str) -> StageWorker:
     """The worker of the group `stage` starts: its stage, and the stages chained to it (each with its
     own handler, linked in order; the worker consumes every input topic of the chain)."""
-    head = topology.head_of(stage)
-    if head != stage:  # its own group would also read the chain's topics: every jump there decided twice
-        raise TopologyError(f"stage {stage!r} runs in the chain of {head!r}: start the workers of {head!r}, or set "
-                            f"`chain: false` on {stage!r} to scale it alone (docs/design.md, \"Stage chains\")")
+    topology.require_group(stage)
     names = TopicNames(settings.topic_prefix)
     worker_id = settings.worker_id or default_worker_id()
     handler = StageHandler(topology.build(stage, bootstrap=bootstrap), topology, names, worker_id)

@@ -220,12 +220,14 @@ def worker(stage: Annotated[str, typer.Argument(help="stage name from the topolo
 
     from pipeline.app.assemble import check_policies, topology_for
     from pipeline.app.children import run_reported
-    from pipeline.app.launch import open_group, run_until_signalled
+    from pipeline.app.launch import SINK_STAGE, open_group, run_until_signalled
     from pipeline.runtime.broker.epoch import EPOCH_FILE, EpochWatch
     from pipeline.runtime.serve.metrics import serve_metrics
 
     s = _settings(data_dir, config, bootstrap)
     topology = topology_for(s)
+    if stage != SINK_STAGE:
+        topology.require_group(stage)  # before anything starts: a chained stage has no workers of its own
     check_policies(topology)
     bs, _ = _stack_bootstrap(s)
     if s.metrics_port is not None:

@@ -66,6 +66,15 @@ class Topology:
             i -= 1
         return self.order[i]
 
+    def require_group(self, name: str) -> None:
+        """A worker group is a chain's first stage: a stage inside another's chain has no group of its own
+        (one would also consume the chain's topics and decide every jump there twice)."""
+        self.spec(name)  # an unknown stage: the topology's error
+        head = self.head_of(name)
+        if head != name:
+            raise TopologyError(f"stage {name!r} runs in the chain of {head!r}: start the workers of {head!r}, or set "
+                                f"`chain: false` on {name!r} to scale it alone (docs/design.md, \"Stage chains\")")
+
     def boundary(self, name: str) -> str:
         """Why `name` starts a chain (`llmpipe topics chains`); empty when it does not."""
         if self.order and name == self.order[0]:

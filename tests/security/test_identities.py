@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import re
 import uuid
+from pathlib import Path
 
 import httpx
 import orjson
@@ -188,8 +189,11 @@ async def _cancel_race(stack) -> tuple[Response, Response]:
     Both cancels are out before either request is sent: a stage that has read Z's has most likely
     read X's too (both are read by one poll of the cancel topic)."""
     info = stack.info
-    async with Client(info["bootstrap"], topic_prefix=info["topic_prefix"]) as alice, \
-            Client(info["bootstrap"], topic_prefix=info["topic_prefix"]) as bob:
+    # they ring the stack's doorbell as the door's client does: an unrung cancel may wait out a stage's
+    # idle doze (up to consumer.idle_doze_max_ms), and the request would be answered before it is read
+    bells = Path(info["doorbell_dir"]) if info.get("doorbell_dir") else None
+    async with Client(info["bootstrap"], topic_prefix=info["topic_prefix"], doorbell_dir=bells) as alice, \
+            Client(info["bootstrap"], topic_prefix=info["topic_prefix"], doorbell_dir=bells) as bob:
         x = alice.build("identities: keep me", api_key=stack.keys["alice"], tenant_id="acme")
         z = alice.build("identities: withdraw me", api_key=stack.keys["alice"], tenant_id="acme")
         await bob.cancel(x.request_id, "caller")  # with bob's own secret for that id

@@ -51,3 +51,14 @@ def test_the_offered_rate_is_a_share_of_capacity_within_bounds():
     assert pick_rate(Capacity(1.14, 20.0, 4)) == 0.8  # the AVX2 host: 2.5 offered before, 1.14 carried
     assert pick_rate(Capacity(40.0, 0.5, 4)) == 2.5, "never faster than the traffic's own pace"
     assert pick_rate(Capacity(0.01, 300.0, 4)) == 0.2, "never so slow the demo does not end"
+
+
+def test_the_probes_go_as_a_tenant_without_limits():
+    from pathlib import Path
+
+    from pipeline.demo.run import demo_tenants
+
+    demo = Path(__file__).resolve().parents[1] / "examples" / "demo.yaml"
+    unlimited = demo_tenants(demo, unlimited=True)
+    assert unlimited and set(unlimited) < set(demo_tenants(demo)), "the limited tenants would refuse the probes"
+    assert not {"tight-rpm", "tight-conc", "broke"} & set(unlimited)

@@ -73,26 +73,17 @@ def demo(data_dir: DataDir = Path(".llmpipe/demo"),
 
 
 def _measured_rate(http_url: str, keys: dict[str, str], config: Path) -> float:
-    """What this host carries, measured through the door (pipeline/demo/pace.py) as a tenant without
-    limits, and the rate offered."""
+    """What this host carries, measured through the door as a tenant without limits, and the rate offered."""
     import asyncio
 
-    import httpx
-    import yaml
+    from pipeline.demo.pace import measure_door, pick_rate
+    from pipeline.demo.run import demo_tenants
 
-    from pipeline.demo.pace import measure_capacity, pick_rate
-
-    free = [t["name"] for t in yaml.safe_load(config.read_text()).get("tenants", []) if not t.get("limits")]
-    key = next((keys[t] for t in free if t in keys), None)
+    key = next((keys[t] for t in demo_tenants(config, unlimited=True) if t in keys), None)
     if key is None:
         raise CliError(f"{config}: no tenant without limits to measure this host's pace with; give --rate")
-
-    async def measure():
-        async with httpx.AsyncClient(base_url=http_url, timeout=httpx.Timeout(600.0)) as client:
-            return await measure_capacity(client, key)
-
     with out.status("measuring what this host answers (4 requests at once, twice)..."):
-        cap = asyncio.run(measure())
+        cap = asyncio.run(measure_door(http_url, key))
     rate = pick_rate(cap)
     out.print(f"this host answered {cap.answers_per_s:.2f} requests/s ({cap.probes} at once, p50 "
               f"{cap.latency_p50_s:.1f} s): offering {rate:g} req/s (--rate to choose)")

@@ -57,6 +57,12 @@ async def measure_capacity(client: httpx.AsyncClient, key: str, *, probes: int =
     return Capacity(best, percentile(latencies, 50) or 0.0, probes)
 
 
+async def measure_door(http_url: str, key: str) -> Capacity:
+    """Steps 1-2 against the front door at `http_url` (a slow engine's answers may take minutes)."""
+    async with httpx.AsyncClient(base_url=http_url, timeout=httpx.Timeout(600.0)) as client:
+        return await measure_capacity(client, key)
+
+
 def pick_rate(capacity: Capacity, *, share: float = 0.7, ceiling: float = 2.5, floor: float = 0.2) -> float:
     """Step 3."""
     return round(max(floor, min(ceiling, share * capacity.answers_per_s)), 2)

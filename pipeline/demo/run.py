@@ -109,8 +109,9 @@ def read_demo_traffic(path: Path) -> list[DemoLine]:
     return lines
 
 
-def demo_tenants(base: Path) -> list[str]:
-    return [t["name"] for t in yaml.safe_load(base.read_text()).get("tenants", [])]
+def demo_tenants(base: Path, *, unlimited: bool = False) -> list[str]:
+    """The tenants of the demo's config; `unlimited`: only those without limits (the pace probes')."""
+    return [t["name"] for t in yaml.safe_load(base.read_text()).get("tenants", []) if not (unlimited and t.get("limits"))]
 
 
 def demo_config(base: Path, keys: dict[str, str], image_port: int) -> dict[str, Any]:

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from pipeline.stores.vector_index import (
+    ID_FIELD,
     Candidate,
     Condition,
     IndexClosedError,
@@ -139,6 +140,26 @@ class QdrantClientIndex:
             if n:
                 self._client.delete(self.collection, points_selector=self._m.FilterSelector(filter=flt), wait=True)
             return n
+
+    def delete_ids(self, ids: Sequence[str]) -> None:
+        pids: list[Any] = [point_id(i) for i in ids]
+        if not pids:
+            return
+        with self._lock:
+            self._check_open()
+            self._client.delete(self.collection, points_selector=self._m.PointIdsList(points=pids), wait=True)
+
+    def payloads(self, fields: Sequence[str]) -> list[tuple[str, dict[str, Any]]]:
+        out: list[tuple[str, dict[str, Any]]] = []
+        offset = None
+        while True:  # paged, so the lock is not held for the whole scan
+            with self._lock:
+                self._check_open()
+                records, offset = self._client.scroll(self.collection, limit=1000, offset=offset,
+                                                      with_payload=[*fields, ID_FIELD], with_vectors=False)
+            out.extend((c.id, c.payload) for c in (_candidate(r.id, 0.0, r.payload) for r in records))
+            if offset is None:
+                return out
 
     def count(self, conditions: list[Condition] | None = None) -> int:
         flt = self._filter(_check_conditions(conditions))

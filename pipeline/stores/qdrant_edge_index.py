@@ -6,10 +6,12 @@ from __future__ import annotations
 import threading
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
 from pipeline.stores.vector_index import (
+    ID_FIELD,
     Candidate,
     Condition,
     IndexClosedError,
@@ -124,6 +126,27 @@ class EdgeIndex:
             if n:
                 self._shard.update(self._qe.UpdateOperation.delete_points_by_filter(flt))
             return n
+
+    def delete_ids(self, ids: Sequence[str]) -> None:
+        pids = [point_id(i) for i in ids]
+        if not pids:
+            return
+        with self._lock:
+            self._check_open()
+            self._shard.update(self._qe.UpdateOperation.delete_points(pids))
+
+    def payloads(self, fields: Sequence[str]) -> list[tuple[str, dict[str, Any]]]:
+        out: list[tuple[str, dict[str, Any]]] = []
+        offset = None
+        while True:  # paged, so the lock is not held for the whole scan
+            request = self._qe.ScrollRequest(offset=offset, limit=1000, with_payload=[*fields, ID_FIELD],
+                                             with_vector=False)
+            with self._lock:
+                self._check_open()
+                records, offset = self._shard.scroll(request)
+            out.extend((c.id, c.payload) for c in (_candidate(r.id, 0.0, r.payload) for r in records))
+            if offset is None:
+                return out
 
     def count(self, conditions: list[Condition] | None = None) -> int:
         flt = self._filter(_check_conditions(conditions))

@@ -81,6 +81,10 @@ class VectorIndex(Protocol):
 
     def delete(self, conditions: list[Condition]) -> int: ...
 
+    def delete_ids(self, ids: Sequence[str]) -> None: ...  # ids not in the index are ignored
+
+    def payloads(self, fields: Sequence[str]) -> list[tuple[str, dict[str, Any]]]: ...  # every entry: id, those fields
+
     def count(self, conditions: list[Condition] | None = None) -> int: ...
 
     def close(self) -> None: ...

@@ -79,6 +79,10 @@ class CachePolicy(PolicyModel):
     # prompts bypass the cache unless turned on
     serve_negated: bool = False
     top_k: int = 5
+    # entries expire only at search time: without a bound every unique miss stays in the index and
+    # search slows with it. Per tenant, so that one tenant's traffic cannot evict another's entries.
+    max_entries_per_tenant: int = Field(10_000, ge=1, description="index entries kept per tenant; "
+                                        "beyond it the expired, then the oldest written, are deleted")
     word_match: float = Field(0.8, description="cosine at which an unmatched English word counts as paraphrased")
     # the gate's vocabulary, on top of the built-in lists (a deployment's own products and jargon)
     gate_synonyms: list[list[str]] = Field(default_factory=list, description="extra groups of words that mean the same")

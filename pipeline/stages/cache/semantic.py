@@ -12,7 +12,9 @@ from the keyring, or an unsealed entry from before) is never served.
 from __future__ import annotations
 
 import hashlib
+import heapq
 import logging
+import math
 import threading
 from collections import OrderedDict
 from collections.abc import Sequence
@@ -20,6 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
+from prometheus_client import Counter
 
 from pipeline.contracts import CacheInvalidate, CachePut, RequestDoc
 from pipeline.contracts.base import now_ms
@@ -36,8 +39,12 @@ from pipeline.stores.vector_index import Condition, IndexEntry, Match, Range, Ve
 
 KEYWORD_FIELDS = (*BOUNDARY_FIELDS, "entry_id")
 NUMERIC_FIELDS = ("created_ms", "expires_ms")
+# what the bound keeps of an entry: what `Invalidation.covers` reads, and its expiry
+TRACKED_FIELDS = ("tenant", "model_revision", "prompt_revision", "data_version", "created_ms", "expires_ms")
 
 log = logging.getLogger(__name__)
+_EVICTED = Counter("llmpipe_cache_evictions", "cache index entries deleted to keep a tenant within "
+                   "max_entries_per_tenant, by whether they had expired", ("expired",))
 
 
 def open_entry(payload: dict, keyring: Keyring) -> tuple[str, str] | None:
@@ -70,6 +77,43 @@ class Invalidation:
             return False
         return all(getattr(self, f) is None or payload.get(f) == getattr(self, f)
                    for f in ("model_revision", "prompt_revision", "data_version"))
+
+
+class TenantEntries:
+    """One tenant's entries in the index, oldest applied first. `control` has one partition that every
+    cache worker applies in order, so every replica evicts the same ids."""
+
+    def __init__(self) -> None:
+        self.order: OrderedDict[str, dict] = OrderedDict()  # entry_id -> its TRACKED_FIELDS
+        # (expires_ms, entry_id), a heap; items of entries since gone or re-put are skipped when popped
+        self.expiry: list[tuple[float, str]] = []
+
+    def add(self, entry_id: str, fields: dict) -> None:
+        self.order.pop(entry_id, None)  # a re-put (same boundary and text) is the newest, not a second entry
+        self.order[entry_id] = fields
+        heapq.heappush(self.expiry, (fields.get("expires_ms", math.inf), entry_id))
+        if len(self.expiry) > 2 * len(self.order) + 64:  # rebuilt without stale items: amortised O(1)
+            self.expiry = [(f.get("expires_ms", math.inf), i) for i, f in self.order.items()]
+            heapq.heapify(self.expiry)
+
+    def evict(self, bound: int, at_ms: int) -> tuple[list[str], int]:
+        """The ids to delete to come down to `bound`, removed here: expired ones first (dead weight),
+        then the oldest applied; and how many of them had expired."""
+        out: list[str] = []
+        while len(self.order) > bound and self.expiry and self.expiry[0][0] < at_ms:
+            expires, entry_id = heapq.heappop(self.expiry)
+            if entry_id in self.order and self.order[entry_id].get("expires_ms", math.inf) == expires:
+                del self.order[entry_id]
+                out.append(entry_id)
+        expired = len(out)
+        while len(self.order) > bound:
+            out.append(self.order.popitem(last=False)[0])
+        return out, expired
+
+    def drop(self, inv: Invalidation) -> None:
+        """Forget what the invalidation deletes from the index (the heap skips them later)."""
+        for entry_id in [i for i, f in self.order.items() if inv.covers(f)]:
+            del self.order[entry_id]
 
 
 @dataclass
@@ -155,6 +199,7 @@ class SemanticCache:
         self._verifier: Verifier | None = None  # read on first use: no I/O in the constructor
         self.multilingual = multilingual or shared_multilingual()  # loaded on first use
         self.invalidations: list[Invalidation] = []
+        self._tenants: dict[str, TenantEntries] | None = None  # read from the index on the first cache record
 
     @property
     def verifier(self) -> Verifier | None:
@@ -261,14 +306,36 @@ class SemanticCache:
 
     def apply(self, record: object) -> int:
         """Apply a control record; returns entries written (1) or deleted. Others are not the cache's."""
+        if not isinstance(record, (CachePut, CacheInvalidate)):
+            return 0
+        tenants = self.tenants()
         if isinstance(record, CachePut):
             if any(inv.covers(record.payload) for inv in self.invalidations):
                 return 0  # written before an invalidation that has already been applied
             self.index.upsert([IndexEntry(id=record.entry_id, vector=record.vector, payload=dict(record.payload))])
+            held = tenants.setdefault(str(record.payload.get("tenant", "")), TenantEntries())
+            held.add(record.entry_id, {f: record.payload[f] for f in TRACKED_FIELDS if f in record.payload})
+            # the record's own time, not the clock: every replica must pick the same victims
+            victims, expired = held.evict(self.policy.max_entries_per_tenant, record.at_ms)
+            if victims:
+                self.index.delete_ids(victims)
+                _EVICTED.labels(expired="true").inc(expired)
+                _EVICTED.labels(expired="false").inc(len(victims) - expired)
             return 1
-        if not isinstance(record, CacheInvalidate):
-            return 0
         inv = Invalidation(record.tenant, record.model_revision, record.prompt_revision, record.data_version,
                            record.before_ms)
         self.invalidations.append(inv)  # also hides entries a lagging put would bring back
+        if inv.tenant in tenants:
+            tenants[inv.tenant].drop(inv)
         return self.index.delete(inv.conditions())
+
+    def tenants(self) -> dict[str, TenantEntries]:
+        """Per tenant, the entries the bound counts. Seeded from the index itself, oldest created first:
+        a persistent index outlives the process, and compaction of `control` (keyed by tenant) drops
+        the puts that wrote most of it, so a replay alone would leave those entries uncounted."""
+        if self._tenants is None:
+            self._tenants = {}
+            rows = sorted(self.index.payloads(TRACKED_FIELDS), key=lambda r: (r[1].get("created_ms", 0), r[0]))
+            for entry_id, fields in rows:
+                self._tenants.setdefault(str(fields.get("tenant", "")), TenantEntries()).add(entry_id, fields)
+        return self._tenants

@@ -119,6 +119,15 @@ class System:
     roots: dict[str, int]  # owner name -> root pid (its children count as the owner)
     model: str = "mock"
     notes: dict[str, Any] = field(default_factory=dict)
+    data_dir: Path | None = None  # an llmpipe stack's: stack.json names its processes now
+
+
+def stack_roots(data_dir: Path) -> dict[str, int]:
+    """An llmpipe stack's processes as stack.json names them now (a rolled or restarted broker is new)."""
+    stack = json.loads((data_dir / "stack.json").read_text())
+    roots = {k.split(":")[-1]: int(p) for k, p in stack["pids"].items()}
+    roots["front door + supervisor"] = roots.pop("supervisor")
+    return roots
 
 
 def ensure_litellm() -> Path:
@@ -210,12 +219,10 @@ async def llmpipe(topology: str, upstream: str, work: Path, stack_env: dict[str,
         raise RuntimeError(f"llmpipe up ({topology}) failed: {up.stderr.strip()[-1500:]}")
     stack = json.loads((data_dir / "stack.json").read_text())
     try:
-        roots = {k.split(":")[-1]: int(p) for k, p in stack["pids"].items()}
-        roots["front door + supervisor"] = roots.pop("supervisor")
         yield System(topology, stack["http_url"].rstrip("/") + "/v1/chat/completions",
-                     {"Authorization": f"Bearer {key}"}, roots,
+                     {"Authorization": f"Bearer {key}"}, stack_roots(data_dir),
                      notes={"stages": TOPOLOGIES[topology.removesuffix("-unchained")], "chained": chained(topology),
-                            "up_s": round(time.monotonic() - t0, 1)})
+                            "up_s": round(time.monotonic() - t0, 1)}, data_dir=data_dir)
     finally:
         await asyncio.to_thread(cli, "down", timeout=300)
 

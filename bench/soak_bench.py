@@ -15,6 +15,7 @@ a table per window, then the first and last `--compare` windows side by side, th
 from __future__ import annotations
 
 import asyncio
+import json
 import sys
 import time
 from pathlib import Path
@@ -30,7 +31,7 @@ import typer  # noqa: E402
 from rich.table import Table  # noqa: E402
 
 from bench._common import print_result  # noqa: E402
-from bench.peer_bench import console, free_port, llmpipe, log, measure, tree_pids, wait_http  # noqa: E402
+from bench.peer_bench import console, free_port, llmpipe, log, measure, stack_roots, tree_pids, wait_http  # noqa: E402
 
 
 def rss_mib(roots: dict[str, int]) -> dict[str, float]:
@@ -63,14 +64,18 @@ async def soak(topology: str, rate: float, minutes: float, window_s: float) -> d
                 aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as session:
             t0 = time.monotonic()
             while time.monotonic() - t0 < minutes * 60:
+                assert system.data_dir is not None
+                system.roots = stack_roots(system.data_dir)  # a rolled broker is a new process
                 row = await measure(session, system, rate, window_s, mock.pid)
-                mem = rss_mib(system.roots)
+                mem = rss_mib(stack_roots(system.data_dir))
+                broker = (json.loads((system.data_dir / "run" / "health.json").read_text()).get("broker") or {})
                 row.update(minute=round((time.monotonic() - t0) / 60, 1), broker_rss_mib=mem.get("broker"),
-                           stack_rss_mib=round(sum(mem.values()), 1))
+                           stack_rss_mib=round(sum(mem.values()), 1), broker_rolls=broker.get("rolls"),
+                           broker_restarts=broker.get("restarts"))
                 windows.append(row)
                 log.print(f"  {row['minute']:>5} min: {row['ok']}/{row['sent']} ok, p50 {row['p50_ms']} ms, "
                           f"p99 {row['p99_ms']} ms, {row['cpu_ms_per_req']} CPU ms/req, broker "
-                          f"{row['broker_rss_mib']} MiB")
+                          f"{row['broker_rss_mib']} MiB, rolls {row['broker_rolls']}")
     finally:
         mock.terminate()
         mock.wait(10)
@@ -87,11 +92,11 @@ def main(topology: str = typer.Option("product", help="gateway or product (bench
     result = asyncio.run(soak(topology, rate, minutes, window_s))
     rows = result["windows"]
     t = Table(title=f"soak: {topology} at {rate:g} req/s")
-    for c in ("minute", "ok/sent", "p50 ms", "p99 ms", "CPU ms/req", "broker MiB", "stack MiB"):
+    for c in ("minute", "ok/sent", "p50 ms", "p99 ms", "CPU ms/req", "broker MiB", "stack MiB", "rolls"):
         t.add_column(c, justify="right")
     for r in rows:
         t.add_row(str(r["minute"]), f"{r['ok']}/{r['sent']}", str(r["p50_ms"]), str(r["p99_ms"]),
-                  str(r["cpu_ms_per_req"]), str(r["broker_rss_mib"]), str(r["stack_rss_mib"]))
+                  str(r["cpu_ms_per_req"]), str(r["broker_rss_mib"]), str(r["stack_rss_mib"]), str(r["broker_rolls"]))
     console.print(t)
     first, last = rows[:compare], rows[-compare:]
     keys = ("p50_ms", "p99_ms", "cpu_ms_per_req", "broker_rss_mib", "stack_rss_mib")

@@ -10,7 +10,6 @@ import json
 import os
 import re
 import signal
-import threading
 import time
 from pathlib import Path
 
@@ -18,61 +17,13 @@ import httpx
 import pytest
 
 from pipeline.ingress.http import GRACE_S
-from pipeline.registries.tenants import key_hash, new_api_key
+from pipeline.registries.tenants import new_api_key
 from pipeline.runtime.broker.embedded import EmbeddedBroker
+from tests.support.callers import SLACK_S, TIMEOUT_S, Load, chat, gateway_config
 from tests.support.cli import last_json, llmpipe, running
 from tests.support.waits import poll
 
 pytestmark = pytest.mark.integration
-
-TIMEOUT_S = 8.0  # each caller's deadline
-SLACK_S = 1.5  # HTTP and scheduling on a 2-core host
-
-
-def _config(key: str, gen: dict | None = None) -> dict:
-    return {"tenants": [{"name": "acme", "api_keys": [{"key_sha256": key_hash(key)}]}],
-            "stages": [gen or {"name": "fakegen", "class": "tests.stages:FakeGenerate"}, {"name": "postprocess"}]}
-
-
-def chat(url: str, key: str, timeout_s: float = TIMEOUT_S) -> tuple[int | str, str, float]:
-    """(HTTP status or the exception's name, error code or "ok", seconds)."""
-    t0 = time.monotonic()
-    try:
-        r = httpx.post(url + "/v1/chat/completions", headers={"authorization": f"Bearer {key}"}, timeout=60,
-                       json={"messages": [{"role": "user", "content": "hi"}], "llmpipe": {"timeout_s": timeout_s}})
-    except httpx.HTTPError as exc:
-        return type(exc).__name__, "", time.monotonic() - t0
-    code = "ok" if r.status_code == 200 else (r.json().get("error") or {}).get("code", "")
-    if r.status_code == 503:
-        assert r.headers.get("retry-after"), "a 503 says when to retry"
-    return r.status_code, code, time.monotonic() - t0
-
-
-class Load:
-    """`n` callers, each sending one request after another until stopped."""
-
-    def __init__(self, url: str, key: str, n: int = 4) -> None:
-        self.url, self.key = url, key
-        self.results: list[tuple[float, int | str, str, float]] = []  # (sent at, status, code, seconds)
-        self._stop = threading.Event()
-        self._threads = [threading.Thread(target=self._run, daemon=True) for _ in range(n)]
-
-    def _run(self) -> None:
-        while not self._stop.is_set():
-            sent = time.monotonic()
-            self.results.append((sent, *chat(self.url, self.key)))
-
-    def __enter__(self) -> Load:
-        for t in self._threads:
-            t.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        for t in self._threads:
-            t.join(timeout=60)
-        assert not any(t.is_alive() for t in self._threads), "a caller hangs"
-
 
 def readyz_false_within(url: str, t0: float, within_s: float) -> float | None:
     """Poll /readyz every 0.1 s; seconds from t0 to the first 503, or None."""
@@ -102,7 +53,7 @@ def assert_every_caller_told_the_truth(results) -> None:
 
 def test_the_embedded_broker_killed_under_load_is_restarted_and_every_caller_gets_an_answer(tmp_path):
     key = new_api_key()
-    with running(_config(key), tmp_path, "--processes") as info:
+    with running(gateway_config(key), tmp_path, "--processes") as info:
         url = info["http_url"]
         assert chat(url, key)[0] == 200
         broker_pid = json.loads((tmp_path / "stack.json").read_text())["pids"]["broker"]
@@ -137,7 +88,7 @@ def test_an_external_broker_that_stops_answering_and_returns_needs_no_restart_of
     broker = EmbeddedBroker(tmp_path / "external")
     asyncio.run(broker.start())
     try:
-        with running(_config(key), tmp_path, "--processes", "--bootstrap", broker.bootstrap) as info:
+        with running(gateway_config(key), tmp_path, "--processes", "--bootstrap", broker.bootstrap) as info:
             url = info["http_url"]
             assert chat(url, key)[0] == 200
             pids = json.loads((tmp_path / "stack.json").read_text())["pids"]
@@ -184,7 +135,7 @@ def test_a_crash_looping_worker_is_restarted_with_a_growing_backoff_and_status_s
     key = new_api_key()
     flag = tmp_path / "crash"
     gen = {"name": "fakegen", "class": "tests.stages:CrashWhileFlagged", "policy": {"flag": str(flag)}}
-    with running(_config(key, gen), tmp_path, "--processes") as info:
+    with running(gateway_config(key, gen), tmp_path, "--processes") as info:
         assert chat(info["http_url"], key)[0] == 200
         flag.touch()
         os.kill(json.loads((tmp_path / "stack.json").read_text())["pids"]["worker:fakegen"], signal.SIGKILL)
@@ -223,7 +174,7 @@ def test_down_reaps_every_process_of_a_stack_whose_supervisor_was_killed(tmp_pat
     import psutil
 
     key = new_api_key()
-    with running(_config(key), tmp_path, "--processes") as info:
+    with running(gateway_config(key), tmp_path, "--processes") as info:
         assert chat(info["http_url"], key)[0] == 200
         pids = json.loads((tmp_path / "stack.json").read_text())["pids"]
         tree = [p for pid in pids.values() for p in (psutil.Process(pid), *psutil.Process(pid).children(recursive=True))]
@@ -249,7 +200,7 @@ def test_the_sink_killed_during_500_requests_loses_no_row(tmp_path):
 
     key = new_api_key()
     n = 500
-    with running(_config(key), tmp_path, "--processes") as info:
+    with running(gateway_config(key), tmp_path, "--processes") as info:
         url = info["http_url"]
         sink_pid = json.loads((tmp_path / "stack.json").read_text())["pids"]["worker:sink"]
         answered: list[str] = []

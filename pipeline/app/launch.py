@@ -19,7 +19,7 @@ from pipeline.runtime.stage_handler import StageHandler
 from pipeline.runtime.topics import TopicNames
 from pipeline.runtime.topology import Topology
 from pipeline.runtime.worker import StageWorker, default_worker_id
-from pipeline.stages.sink.warehouse import SINK_STAGE, WarehouseSink
+from pipeline.stages.sink.warehouse import SINK_STAGE, WarehouseSink, sink_topics
 from pipeline.stores.warehouse import Warehouse
 
 log = logging.getLogger(__name__)
@@ -27,6 +27,16 @@ log = logging.getLogger(__name__)
 
 def group_id(settings: Settings, stage: str) -> str:
     return f"{settings.topic_prefix}{'sink' if stage == SINK_STAGE else 'stage.' + stage}"
+
+
+def stack_groups(settings: Settings, topology: Topology) -> dict[str, list[str]]:
+    """Every consumer group of the stack and the topics it consumes (a broker roll waits for them all)."""
+    names = TopicNames(settings.topic_prefix)
+    groups = {group_id(settings, g): topology.group_topics(g, names) for g in topology.groups()}
+    groups[group_id(settings, SINK_STAGE)] = sink_topics(names)
+    if FEEDBACK_HOST in topology.groups():
+        groups[f"{settings.topic_prefix}stage.feedback"] = [names.feedback]
+    return groups
 
 
 def stage_worker(settings: Settings, topology: Topology, stage: str, bootstrap: str) -> StageWorker:
@@ -71,7 +81,7 @@ def feedback_worker(settings: Settings, bootstrap: str, admin_url: str | None) -
     owners = Owners(warehouse_query(settings, admin_url), wait_s=settings.feedback.owner_wait_s)
     handler = FeedbackWorker(settings.model_copy(update={"bootstrap": bootstrap}), owners, worker_id)
     return StageWorker(handler, settings, bootstrap=bootstrap, topics=handler.topics,
-                       group_id=f"{settings.topic_prefix}stage.{handler.name}", worker_id=worker_id)
+                       group_id=f"{settings.topic_prefix}stage.{handler.name}", worker_id=worker_id)  # stack_groups
 
 
 async def open_group(parts: AsyncExitStack, settings: Settings, topology: Topology, group: str, bootstrap: str,

@@ -29,7 +29,7 @@ import httpx
 from pipeline.app.assemble import check_policies, topology_for
 from pipeline.app.children import READY_TIMEOUT_S, STABLE_S, ChildWorkers, Restarts, StackError
 from pipeline.app.dev_key import ensure_dev_tenant
-from pipeline.app.launch import open_group, start_all
+from pipeline.app.launch import open_group, stack_groups, start_all
 from pipeline.config.settings import Settings
 from pipeline.ingress.admin import admin_token_for, warehouse_query
 from pipeline.ingress.http import FrontDoor, HttpServer
@@ -38,6 +38,7 @@ from pipeline.runtime.broker.embedded import EmbeddedBroker, free_port, private_
 from pipeline.runtime.broker.epoch import EPOCH_FILE
 from pipeline.runtime.broker.gate import GATE_FILE
 from pipeline.runtime.broker.keeper import BrokerKeeper, BrokerRestart
+from pipeline.runtime.broker.roll import ROLL_FILE, RollClock, RollEvent, RollHooks, compacted
 from pipeline.runtime.serve.metrics import serve_metrics
 from pipeline.runtime.service import serve
 from pipeline.runtime.stack_events import publish_stack_event, stack_event
@@ -144,7 +145,7 @@ async def run_stack(settings: Settings, processes: bool = False,
             gate.open_(data_dir / GATE_FILE)  # one left by a stack that died while its broker restarted
             up.keeper = await serve(parts, BrokerKeeper(
                 broker, lambda: _topics_restored(up), lambda ev: _broker_restored(up, broker, ev),
-                data_dir / EPOCH_FILE, data_dir / GATE_FILE))
+                data_dir / EPOCH_FILE, data_dir / GATE_FILE, roll=_roll_hooks(up, broker, data_dir)))
         for name in up.stages:
             up.topology.stage_class(name)  # fail fast on a bad topology, before anything runs
         admin_port = settings.admin_port or free_port()
@@ -189,6 +190,38 @@ async def _broker_restored(up: _Up, broker: EmbeddedBroker, ev: BrokerRestart) -
         scores={"down_s": round(ev.down_s, 2), "restart": float(ev.restart), "door_requests_lost": float(lost),
                 "topics_repaired": float(len(repaired))},
         labels={"exit_code": str(ev.exit_code)}))
+
+
+def _roll_hooks(up: _Up, broker: EmbeddedBroker, data_dir: Path) -> RollHooks:
+    """What the keeper's planned roll needs from this stack (runtime/broker/roll.py)."""
+    s = up.settings
+    (data_dir / ROLL_FILE).unlink(missing_ok=True)  # asked of a stack that is gone
+
+    def hold() -> None:
+        if up.door is not None:
+            up.door.hold_max_s = s.embedded_broker.roll_drain_s + 30.0  # the drain, then the restart
+            up.door.hold()
+
+    async def release() -> None:
+        if up.door is not None:
+            await up.door.release()
+
+    async def rolled(ev: RollEvent) -> None:
+        if broker.proc is not None:
+            up.pids["broker"] = broker.proc.pid
+            up.rewrite_pids()
+        await publish_stack_event(s, up.bootstrap, stack_event(
+            "broker", "broker_rolled",
+            f"the embedded broker was rolled ({ev.why}): the stack went quiet in {ev.drain_s:.1f} s with new requests "
+            f"held at the door, the broker was down {ev.down_s:.1f} s, and {ev.carried} record(s) of the compacted "
+            "topics were carried over; nothing in flight was lost",
+            scores={"roll": float(ev.roll), "rss_mib": ev.rss_mib, "drain_s": ev.drain_s, "down_s": ev.down_s,
+                    "carried": float(ev.carried)}))
+
+    return RollHooks(RollClock(s.embedded_broker, data_dir / ROLL_FILE), hold, release,
+                     lambda: up.door.in_flight() if up.door is not None else 0, stack_groups(s, up.topology),
+                     {s.topic_prefix + name: schema for name, schema in compacted(up.topology.topic_registry()).items()},
+                     rolled, s.kafka)
 
 
 @dataclass
@@ -309,6 +342,29 @@ def read_health(data_dir: Path, http_url: str | None) -> dict:
         except (httpx.HTTPError, ValueError) as exc:
             health["ready"] = {"ready": False, "reason": f"the door did not answer /readyz: {type(exc).__name__}"}
     return health
+
+
+def ask_broker_roll(data_dir: Path, wait_s: float) -> dict:
+    """`llmpipe roll-broker`: ask the supervisor's keeper for a roll (ROLL_FILE) and wait for its health
+    to count one more; the broker's health then. StackError when it does not roll in time."""
+    info = running_stack(data_dir)
+    if info is None:
+        raise StackError(f"no stack is running for {data_dir}")
+    before = read_health(data_dir, None).get("broker") or {}
+    if before.get("state") == "external" or "rolls" not in before:
+        raise StackError("this stack's broker is not the embedded one: a Kafka cluster applies its own retention")
+    path = data_dir / ROLL_FILE
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("asked by llmpipe roll-broker\n")
+    deadline = time.monotonic() + wait_s
+    while time.monotonic() < deadline:
+        time.sleep(0.5)
+        broker = read_health(data_dir, None).get("broker") or {}
+        if broker.get("rolls", 0) > before["rolls"]:
+            return broker
+        if broker.get("rolls_put_off", 0) > before.get("rolls_put_off", 0):
+            raise StackError("the broker roll was put off: the stack did not go quiet (see the supervisor's log)")
+    raise StackError(f"the broker did not roll within {wait_s:.0f} s (see the supervisor's log)")
 
 
 def _forget(data_dir: Path) -> None:

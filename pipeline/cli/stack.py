@@ -260,6 +260,23 @@ def worker(stage: Annotated[str, typer.Argument(help="stage name from the topolo
 
 
 
+@app.command("roll-broker")
+@command
+def roll_broker(data_dir: DataDir = Path(".llmpipe"), config: ConfigFile = None,
+                wait_s: Annotated[float, typer.Option("--wait-s", help="how long to wait for the roll")] = 120.0,
+                json: Json = False) -> None:
+    """Roll the running stack's embedded broker now: drained, restarted, its compacted topics carried over
+    (it also rolls by itself at embedded_broker.roll_rss_mib)."""
+    from pipeline.app.stack import ask_broker_roll
+
+    s = _settings(data_dir, config, None)
+    broker = ask_broker_roll(s.resolved_data_dir(), wait_s)
+    if json:
+        _print_json(broker)
+    else:
+        out.print(f"the broker rolled (roll {broker['rolls']}): {broker['last_roll_why']}")
+
+
 @app.command()
 @command
 def status(data_dir: DataDir = Path(".llmpipe"), config: ConfigFile = None, bootstrap: Bootstrap = None,

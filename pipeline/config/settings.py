@@ -205,6 +205,17 @@ class AuthSettings(BaseModel):
                                                       "0600); None: no development tenant")
 
 
+class EmbeddedBrokerSettings(BaseModel):
+    """The embedded broker's planned roll (runtime/broker/roll.py): its memory storage never frees a
+    record, so the supervisor restarts it, drained and with its compacted topics carried over."""
+
+    roll_rss_mib: int = Field(512, ge=0, description="roll once the broker's RSS reaches this; 0 = never")
+    roll_check_s: float = Field(10.0, gt=0, description="how often the RSS is read")
+    roll_min_interval_s: float = Field(300.0, ge=0, description="at least this long between two rolls")
+    roll_drain_s: float = Field(30.0, gt=0, description="longest wait for the stack to go quiet before a roll")
+    roll_retry_s: float = Field(60.0, gt=0, description="after a roll that could not drain, try again after this")
+
+
 class HttpSettings(BaseModel):
     """The OpenAI-compatible front door (`llmpipe serve`; `llmpipe up` runs one in the supervisor)."""
 
@@ -280,6 +291,7 @@ class Settings(BaseSettings):
     vector_index: str | None = None
     qdrant_api_key: SecretStr | None = Field(None, description="the Qdrant server's API key")
     broker_port: int = 0
+    embedded_broker: EmbeddedBrokerSettings = EmbeddedBrokerSettings()
     doorbell_dir: Path | None = Field(None, description="wake-up hints between the processes of one host "
                                                         "(runtime/wakeup/doorbell.py); for a broker that never wakes a "
                                                         "waiting fetch, like the embedded one. `llmpipe up` on "

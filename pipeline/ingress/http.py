@@ -96,6 +96,9 @@ class FrontDoor:
         self.request_meter = TenantMeter(request_rate, "requests")
         self.feedback_meter = TenantMeter(feedback_rate, "feedback")
         self.shedder = Shedder(settings.http.max_queue_s)  # overload: refuse at once what would wait too long
+        self._open = asyncio.Event()  # cleared while the stack rolls its broker (runtime/broker/roll.py)
+        self._open.set()
+        self.hold_max_s = 60.0  # a request held longer is answered 503 with a Retry-After
         self.follower: ControlFollower | None = None
         self.keyring: Keyring | None = None
         self._last_recheck = 0.0
@@ -123,6 +126,32 @@ class FrontDoor:
                                               self.settings.doorbell_dir).start()
         self.ready = True
         return self
+
+    # ---- broker roll (runtime/broker/roll.py steps 2 and 6) --------------------------------------
+
+    def hold(self) -> None:
+        """New requests wait at the door instead of being published."""
+        self._open.clear()
+
+    async def release(self, within_s: float = 5.0) -> None:
+        """Let held requests through, once this door's own watch sees the broker again."""
+        deadline = time.monotonic() + within_s
+        while self.broker is not None and not self.broker.up and time.monotonic() < deadline:  # noqa: ASYNC110 - the watch has no event
+            await asyncio.sleep(0.05)
+        self._open.set()
+
+    def in_flight(self) -> int:
+        return self.shedder.in_flight
+
+    async def _through_hold(self) -> None:
+        if self._open.is_set():
+            return
+        try:
+            async with asyncio.timeout(self.hold_max_s):
+                await self._open.wait()
+        except TimeoutError:
+            raise HttpError(503, "broker_rolling", "the stack is rolling its embedded broker; retry shortly",
+                            {"Retry-After": "5"}) from None
 
     async def stop(self) -> None:
         self.ready = False
@@ -235,6 +264,7 @@ class FrontDoor:
         try:
             if not self.ready:
                 raise HttpError(503, "not_ready", "the front door is starting or stopping")
+            await self._through_hold()
             _, caller = await self._caller(request.headers.get("authorization"))
             body = await self._body(request)
             if unknown := sorted(set(body) - FEEDBACK_FIELDS):
@@ -287,6 +317,7 @@ class FrontDoor:
         """Authenticate, read and check the body: the request event, not yet published."""
         if not self.ready:
             raise HttpError(503, "not_ready", "the front door is starting or stopping")
+        await self._through_hold()  # before the broker check: a rolling broker is briefly down
         if (self.broker is not None and not self.broker.up) or self.not_ready_because() is not None:
             raise _broker_unavailable()  # nothing is published that could not be answered
         _, caller = await self._caller(request.headers.get("authorization"))

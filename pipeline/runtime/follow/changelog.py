@@ -25,16 +25,17 @@ MARKER_KEY = b"~marker"
 
 class ChangelogReader:
     def __init__(self, bootstrap: str, topic: str, marker: Callable[[str], bytes],
-                 security: KafkaSecurity | None = None) -> None:
+                 security: KafkaSecurity | None = None, gated: bool = True) -> None:
         self.bootstrap = bootstrap
+        self.gated = gated  # False: the broker roll reads with the stack's gate closed (runtime/broker/roll.py)
         self.kafka = kafka_kwargs(security)
         self.topic = topic
         self.marker = marker  # marker id -> record value; the value must contain the id
         self.producer: AIOKafkaProducer | None = None
 
     async def start(self) -> ChangelogReader:
-        self.producer = GatedProducer(bootstrap_servers=self.bootstrap, acks="all", enable_idempotence=False,
-                                      **self.kafka)
+        cls = GatedProducer if self.gated else AIOKafkaProducer
+        self.producer = cls(bootstrap_servers=self.bootstrap, acks="all", enable_idempotence=False, **self.kafka)
         await self.producer.start()
         return self
 

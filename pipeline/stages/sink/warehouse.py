@@ -46,6 +46,11 @@ _ROUTES: dict[str, tuple[type[BaseModel], str, list[str], Callable[[Any], list[A
 }
 
 
+def sink_topics(names: TopicNames) -> list[str]:
+    """What the sink consumes: every topic the warehouse keeps a table of."""
+    return [names(t) for t in _ROUTES]
+
+
 class WarehouseSink:
     name = SINK_STAGE
     concurrency = 1  # one writer: inserts are batched, and chDB serialises anyway

@@ -302,7 +302,8 @@ def status(data_dir: DataDir = Path(".llmpipe"), config: ConfigFile = None, boot
     for col in ("part", "state", "pid", "restarts", "last exit"):
         table.add_column(col)
     broker = health.get("broker") or {}
-    table.add_row("broker", str(broker.get("state", "?")), str(info.pids.get("broker", "")),
+    rolls = f" ({broker['rolls']} roll(s), {broker.get('rolls_put_off', 0)} put off)" if broker.get("rolls") else ""
+    table.add_row("broker", f"{broker.get('state', '?')}{rolls}", str(info.pids.get("broker", "")),
                   str(broker.get("restarts", "")), str(broker.get("last_exit_code", "") or ""))
     for name, w in (health.get("workers") or {}).items():
         table.add_row(f"worker {name}", str(w.get("state")), str(w.get("pid")), str(w.get("restarts", 0)),

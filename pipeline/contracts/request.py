@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any, Final, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from pipeline.contracts.base import WireModel, now_ms
 from pipeline.contracts.caller_schema import caller_schema_problem
@@ -29,9 +29,58 @@ class ReplyTo(WireModel):
                                             "`deltas`, this same partition number")
 
 
+TOOL_NAME = r"^[A-Za-z0-9_-]{1,64}$"  # OpenAI's rule for a function name
+MAX_TOOLS = 128  # OpenAI's limit per request
+
+
+class ToolFunction(WireModel):
+    """A function the caller offers the model; its parameters are bounded like a response_format schema."""
+
+    name: str = Field(pattern=TOOL_NAME)
+    description: str | None = Field(None, max_length=4096)
+    parameters: dict[str, Any] = Field(default_factory=lambda: {"type": "object", "properties": {}})
+    strict: bool | None = None
+
+    @field_validator("parameters")
+    @classmethod
+    def _bounded(cls, schema: dict[str, Any]) -> dict[str, Any]:
+        if (problem := caller_schema_problem(schema)) is not None:
+            raise ValueError(problem)
+        return schema
+
+
+class Tool(WireModel):
+    type: Literal["function"] = "function"
+    function: ToolFunction
+
+
+class FunctionCall(WireModel):
+    name: str = Field(max_length=64)
+    arguments: str = Field("{}", max_length=65_536, description="JSON text, as OpenAI sends it")
+
+
+class ToolCall(WireModel):
+    """A call the model made (an assistant message's, or an answer's)."""
+
+    id: str = Field(pattern=r"^[A-Za-z0-9_.:-]{1,64}$")
+    type: Literal["function"] = "function"
+    function: FunctionCall
+
+
+class NamedToolChoice(WireModel):
+    type: Literal["function"] = "function"
+    function: dict[Literal["name"], str]
+
+    @property
+    def name(self) -> str:
+        return self.function["name"]
+
+
 class ChatMessage(WireModel):
     role: Literal["system", "user", "assistant", "tool"]
     content: str
+    tool_calls: list[ToolCall] | None = Field(None, description="an assistant message's calls")
+    tool_call_id: str | None = Field(None, max_length=64, description="a tool message: the call it answers")
 
 
 class JsonSchemaFormat(WireModel):
@@ -68,6 +117,28 @@ class ChatBody(WireModel):
     images: list[str] = Field(default_factory=list, description="image URLs (fetched by media)")
     logprobs: bool = Field(False, description="return one logprob per generated token")
     response_format: ResponseFormat | None = None
+    tools: list[Tool] = Field(default_factory=list, max_length=MAX_TOOLS)
+    tool_choice: Literal["auto", "none", "required"] | NamedToolChoice | None = None
+    parallel_tool_calls: bool = True
+
+    @model_validator(mode="after")
+    def _tools_agree(self) -> ChatBody:
+        names = [t.function.name for t in self.tools]
+        if len(set(names)) != len(names):
+            raise ValueError("tool names must be unique")
+        choice = self.tool_choice
+        if isinstance(choice, NamedToolChoice) and choice.name not in names:
+            raise ValueError(f"tool_choice names {choice.name!r}, which is not among the tools")
+        if choice == "required" and not names:
+            raise ValueError("tool_choice 'required' needs tools")
+        calls: set[str] = set()
+        for m in self.messages:
+            if m.tool_calls and m.role != "assistant":
+                raise ValueError("only an assistant message carries tool_calls")
+            calls |= {c.id for c in m.tool_calls or ()}
+            if m.role == "tool" and m.tool_call_id not in calls:
+                raise ValueError("a tool message must answer an earlier assistant tool call (tool_call_id)")
+        return self
 
     def output_schema(self) -> dict[str, Any] | None:
         rf = self.response_format
@@ -146,6 +217,10 @@ class RouteSection(WireModel):
     assignment: Literal["episode", "request"] | None = Field(None, description="the unit the variant was drawn for")
     system_prompt: str | None = Field(None, description="the variant's system prompt, put before the caller's messages")
     prompt_revision: str | None = None
+    tools_kept: list[str] | None = Field(None, description="tool narrowing: the offered tools the model sees "
+                                                           "(None: all of them)")
+    tools_dropped: list[str] = Field(default_factory=list)
+    tool_scores: dict[str, float] = Field(default_factory=dict, description="each offered tool's relevance")
 
 
 class HookSpec(WireModel):
@@ -186,6 +261,7 @@ class GenerationSection(WireModel):
     model_revision: str
     adapter: str | None = Field(None, description="the LoRA adapter the engine applied (None: the base model)")
     text: str
+    tool_calls: list[ToolCall] | None = Field(None, description="the model's calls (finish_reason tool_calls)")
     prompt_token_ids: list[int]
     token_ids: list[int]
     logprobs: list[float] | None = None

@@ -8,7 +8,7 @@ from typing import Final, Literal
 from pydantic import Field
 
 from pipeline.contracts.base import WireModel, now_ms
-from pipeline.contracts.request import SampleSummary
+from pipeline.contracts.request import SampleSummary, ToolCall
 
 RESPONSE_SCHEMA: Final = "response/v1"
 
@@ -46,7 +46,9 @@ class Response(WireModel):
     episode_id: str | None = None
     status: Status
     text: str | None = None
-    finish_reason: str | None = Field(None, description="ok answers: stop | length (the model's), stop for cache hits")
+    tool_calls: list[ToolCall] | None = Field(None, description="the model's tool calls (finish_reason tool_calls)")
+    finish_reason: str | None = Field(None, description="ok answers: stop | length | tool_calls (the model's), "
+                                                        "stop for cache hits")
     error_class: str | None = Field(None, description="machine-readable class, e.g. schema_invalid")
     reason: str | None = Field(None, description="one human-readable line")
     retry_after_ms: int | None = Field(None, description="rejections: when trying again may succeed")

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 if TYPE_CHECKING:
     from pipeline.contracts.adapter import AdapterSpec
     from pipeline.contracts.request import ChatMessage
+    from pipeline.engines.tool_prompt import ToolSpec
 
 
 @dataclass
@@ -21,6 +22,7 @@ class Sampling:
     seed: int | None = None
     logprobs: bool = False
     json_schema: dict[str, Any] | None = None  # constrain the output to this JSON Schema
+    tools: ToolSpec | None = None  # the tools offered and tool_choice (engines/tool_prompt.py)
 
 
 @dataclass
@@ -35,6 +37,7 @@ class Generation:
     e2e_ms: float = 0.0
     model_revision: str = ""
     engine_queue_ms: float | None = None  # waiting in the engine's scheduler before the first step
+    tool_calls: list[dict[str, Any]] | None = None  # OpenAI tool calls, checked against the offered tools
     adapter: str | None = None  # "name@revision" of the LoRA adapter applied (None: the base model)
     # token counts the server reported (an OpenAI-compatible server without vLLM's token ids still
     # reports usage); None: count the ids
@@ -83,11 +86,16 @@ class ChatEngine(Protocol):
         ...
 
 
-def as_chat(messages: Sequence[ChatMessage], system_prompt: str | None = None) -> list[dict[str, str]]:
+def as_chat(messages: Sequence[ChatMessage], system_prompt: str | None = None) -> list[dict[str, Any]]:
     """The conversation as a chat template reads it (vision has already added its message). A route
     variant's `system_prompt` comes first, joined with the caller's own system message when there is
     one (chat templates expect at most one, at the start)."""
-    chat = [{"role": m.role, "content": m.content} for m in messages]
+    chat: list[dict[str, Any]] = [{"role": m.role, "content": m.content} for m in messages]
+    for m, c in zip(messages, chat):  # a tool round trip's history (engines/tool_prompt.py renders it)
+        if m.tool_calls:
+            c["tool_calls"] = [t.model_dump(mode="json") for t in m.tool_calls]
+        if m.tool_call_id:
+            c["tool_call_id"] = m.tool_call_id
     if not system_prompt:
         return chat
     if chat and chat[0]["role"] == "system":

@@ -17,6 +17,7 @@ import orjson
 
 from pipeline.contracts.adapter import AdapterSpec
 from pipeline.engines.chat_engine import EngineError, Generation, OnDelta, Sampling
+from pipeline.engines.tool_prompt import ToolCallInvalid, check_calls
 
 
 def _status_class(status: int, message: str) -> str:
@@ -66,6 +67,11 @@ class OpenAIEngine:
         if s.json_schema is not None:
             body["response_format"] = {"type": "json_schema",
                                        "json_schema": {"name": "output", "schema": s.json_schema, "strict": True}}
+        if s.tools is not None and s.tools.tools:  # passed through: the server's model calls them natively
+            body["tools"] = list(s.tools.tools)
+            body["tool_choice"] = s.tools.choice if s.tools.choice in ("auto", "none", "required") else \
+                {"type": "function", "function": {"name": s.tools.choice}}
+            body["parallel_tool_calls"] = s.tools.parallel
         return body
 
     async def generate(self, messages: list[dict[str, str]], sampling: Sampling,
@@ -111,6 +117,7 @@ class OpenAIEngine:
         last = t0
         itl: list[float] = []
         done = False
+        calls: dict[int, dict[str, Any]] = {}  # streamed tool calls by index: the arguments come in pieces
         async for line in resp.aiter_lines():
             # read to the end of the body even after [DONE]: httpx closes a connection whose
             # response was left unread, and the next request would pay a new TCP connect
@@ -144,10 +151,25 @@ class OpenAIEngine:
                 if on_delta is not None and (delta or ids):
                     on_delta(delta, [int(i) for i in ids], lps if sampling.logprobs else None)
                 finish = choice.get("finish_reason") or finish
+                for piece in (choice.get("delta") or {}).get("tool_calls") or []:
+                    call = calls.setdefault(int(piece.get("index", 0)), {"id": "", "type": "function",
+                                                                       "function": {"name": "", "arguments": ""}})
+                    call["id"] = piece.get("id") or call["id"]
+                    fn = piece.get("function") or {}
+                    call["function"]["name"] += fn.get("name") or ""
+                    call["function"]["arguments"] += fn.get("arguments") or ""
         if not done:
             raise EngineError("connection_reset", "the stream ended before [DONE]")
         end = time.perf_counter()
-        return Generation(text="".join(text), prompt_token_ids=prompt_ids, token_ids=token_ids,
+        tool_calls = [calls[i] for i in sorted(calls)] or None
+        if tool_calls is not None:
+            if sampling.tools is None:
+                raise EngineError("tool_call_invalid", "the server answered with tool calls to a request without tools")
+            try:
+                check_calls(tool_calls, sampling.tools)
+            except ToolCallInvalid as exc:
+                raise EngineError("tool_call_invalid", str(exc)) from None
+        return Generation(text="".join(text), tool_calls=tool_calls, prompt_token_ids=prompt_ids, token_ids=token_ids,
                           logprobs=logprobs if sampling.logprobs else None, finish_reason=str(finish or "unknown"),
                           ttft_ms=((first or end) - t0) * 1000, itl_ms=itl, e2e_ms=(end - t0) * 1000,
                           model_revision=self.revision or f"{self.model}@{fingerprint or 'unknown'}",

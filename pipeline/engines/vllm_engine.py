@@ -8,6 +8,7 @@ OpenMP threads bound to the host's cores, a 1 GiB KV cache, and the dtype engine
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import time
 import uuid
@@ -17,6 +18,7 @@ from pipeline.config.lora import LoraSettings
 from pipeline.contracts.adapter import AdapterSpec
 from pipeline.engines.chat_engine import EngineError, Generation, OnDelta, Sampling, chat_prompt_ids
 from pipeline.engines.hardware import engine_dtype
+from pipeline.engines.tool_prompt import ToolCallInvalid, ToolSpec, output_schema, parse, render
 
 ZERO_ADAPTER_ID = 1  # vLLM's id of the all-zero adapter base requests run through while LoRA is on
 
@@ -235,6 +237,13 @@ class VllmEngine:
         if adapter is not None and self.lora is None:
             raise EngineError("adapter_unavailable", "this engine does not serve LoRA adapters")
         lora_request = self._zero if adapter is None else self._lora_request(adapter)
+        spec = sampling.tools
+        if spec is not None or any("tool_calls" in m or m["role"] == "tool" for m in messages):
+            # this model's template knows no tools: they and the calls so far are text, the answer a schema
+            messages = render(messages, spec or ToolSpec(()))
+            if spec is not None and spec.active():
+                sampling = dataclasses.replace(sampling, json_schema=output_schema(spec))
+                on_delta = None  # the raw JSON is not the caller's text: the calls come with the answer
         ids = self.prompt_ids(messages)
         if len(ids) >= self.max_model_len:
             raise EngineError("context_too_long", f"prompt of {len(ids)} tokens >= context {self.max_model_len}")
@@ -275,9 +284,17 @@ class VllmEngine:
         end = time.perf_counter()
         m = getattr(final, "metrics", None)
         queue_ms = (m.scheduled_ts - m.queued_ts) * 1000 if m is not None and m.scheduled_ts and m.queued_ts else None
-        return Generation(engine_queue_ms=queue_ms, text=c.text, prompt_token_ids=list(final.prompt_token_ids or ids),
+        text, calls, finish = c.text, None, str(c.finish_reason)
+        if spec is not None and spec.active():
+            try:
+                answer, calls = parse(c.text, spec, request_id or "")
+            except ToolCallInvalid as exc:
+                raise EngineError("tool_call_invalid", str(exc)) from None
+            text, finish = answer or "", "tool_calls" if calls else finish
+        return Generation(engine_queue_ms=queue_ms, text=text, tool_calls=calls or None,
+                          prompt_token_ids=list(final.prompt_token_ids or ids),
                           token_ids=[int(t) for t in c.token_ids], logprobs=logprobs,
-                          finish_reason=str(c.finish_reason), ttft_ms=((first or end) - t0) * 1000, itl_ms=itl,
+                          finish_reason=finish, ttft_ms=((first or end) - t0) * 1000, itl_ms=itl,
                           e2e_ms=(end - t0) * 1000, model_revision=self.revision,
                           adapter=None if adapter is None else f"{adapter.name}@{adapter.revision}")
 

@@ -8,7 +8,16 @@ from typing import Any
 from pydantic import Field, ValidationError
 
 from pipeline.contracts.base import WireModel
-from pipeline.contracts.request import EPISODE_ID, ChatBody, ChatMessage, DeviceState, RequestContext, ResponseFormat
+from pipeline.contracts.request import (
+    EPISODE_ID,
+    ChatBody,
+    ChatMessage,
+    DeviceState,
+    NamedToolChoice,
+    RequestContext,
+    ResponseFormat,
+    Tool,
+)
 
 
 class BodyError(ValueError):
@@ -68,7 +77,8 @@ def chat_body(body: dict[str, Any]) -> ChatBody:
         role = ROLES.get(m["role"])
         if role is None:
             raise BodyError(f"unsupported message role {m['role']!r}")
-        msgs.append(ChatMessage(role=role, content=_content(m.get("content") or "", images)))
+        msgs.append(ChatMessage(role=role, content=_content(m.get("content") or "", images),
+                                tool_calls=m.get("tool_calls") or None, tool_call_id=m.get("tool_call_id")))
     return ChatBody(
         messages=msgs,
         model=body.get("model"),
@@ -79,7 +89,36 @@ def chat_body(body: dict[str, Any]) -> ChatBody:
         images=images,
         logprobs=bool(body.get("logprobs", False)),
         response_format=response_format(body.get("response_format")),
+        tools=_tools(body.get("tools")),
+        tool_choice=_tool_choice(body.get("tool_choice")),
+        parallel_tool_calls=body.get("parallel_tool_calls", True) is not False,
     )
+
+
+def _tools(value: Any) -> list[Tool]:
+    if value is None:
+        return []
+    if not isinstance(value, list):
+        raise BodyError("`tools` must be a list of function tools")
+    tools = []
+    for i, t in enumerate(value):
+        if not isinstance(t, dict) or t.get("type", "function") != "function":
+            raise BodyError(f"tools[{i}]: only tools of type `function` are supported")
+        try:
+            tools.append(Tool.model_validate(t))
+        except ValidationError as exc:
+            err = exc.errors()[0]
+            raise BodyError(f"tools[{i}] {'.'.join(map(str, err['loc']))}: {err['msg']}") from None
+    return tools
+
+
+def _tool_choice(value: Any) -> str | NamedToolChoice | None:
+    if value is None or value in ("auto", "none", "required"):
+        return value
+    try:
+        return NamedToolChoice.model_validate(value)
+    except ValidationError:
+        raise BodyError("`tool_choice` must be auto, none, required or {type: function, function: {name}}") from None
 
 
 class Extension(WireModel):
@@ -106,8 +145,8 @@ class ChatRequest:
 
 
 # OpenAI parameters the pipeline cannot honour: refused when set, never silently dropped
-UNSUPPORTED = ("tools", "tool_choice", "functions", "function_call", "stop", "logit_bias", "top_logprobs",
-               "presence_penalty", "frequency_penalty", "audio", "prediction")
+UNSUPPORTED = ("functions", "function_call", "stop", "logit_bias", "top_logprobs", "presence_penalty",
+               "frequency_penalty", "audio", "prediction")
 
 
 def chat_request(body: dict[str, Any]) -> ChatRequest:
@@ -115,7 +154,8 @@ def chat_request(body: dict[str, Any]) -> ChatRequest:
     the caller's identity comes from its API key."""
     for name in UNSUPPORTED:
         if body.get(name) not in (None, [], {}, 0, False):
-            raise BodyError(f"`{name}` is not supported by this gateway")
+            instead = " (use `tools` and `tool_choice`)" if name.startswith("function") else ""
+            raise BodyError(f"`{name}` is not supported by this gateway{instead}")
     stream = body.get("stream", False)
     if not isinstance(stream, bool):
         raise BodyError("`stream` must be a boolean")

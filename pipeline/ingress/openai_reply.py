@@ -91,13 +91,21 @@ def completion_id(resp: Response) -> str:
     return f"chatcmpl-{resp.request_id}"
 
 
+def message(resp: Response) -> dict[str, Any]:
+    """The answer's assistant message: its text, or its tool calls (content null, as OpenAI sends it)."""
+    if resp.tool_calls:
+        return {"role": "assistant", "content": resp.text or None,
+                "tool_calls": [c.model_dump(mode="json") for c in resp.tool_calls]}
+    return {"role": "assistant", "content": resp.text or ""}
+
+
 def completion(resp: Response, requested_model: str | None, token_text: TokenText | None = None) -> dict[str, Any]:
     """A `chat.completion` for an ok answer."""
     lp = logprobs_content(resp, token_text) if token_text is not None else None
     return {
         "id": completion_id(resp), "object": "chat.completion", "created": resp.finished_ms // 1000,
         "model": resp.model or requested_model or "llmpipe",
-        "choices": [{"index": 0, "message": {"role": "assistant", "content": resp.text or ""},
+        "choices": [{"index": 0, "message": message(resp),
                      "logprobs": {"content": lp} if lp is not None else None,
                      "finish_reason": resp.finish_reason or "stop"}],
         "usage": usage_of(resp), "system_fingerprint": resp.deployment, "llmpipe": llmpipe_extension(resp),

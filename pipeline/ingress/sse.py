@@ -35,6 +35,9 @@ from pipeline.ingress.stream_follow import Ended, Piece
 DONE = b"data: [DONE]\n\n"
 
 
+ARGUMENT_PIECE = 64  # characters of a tool call's arguments per streamed chunk
+
+
 def _data(obj: dict[str, Any]) -> bytes:
     return b"data: " + orjson.dumps(obj) + b"\n\n"
 
@@ -71,6 +74,19 @@ class SseReply:
             out.append(_data(self._chunk({"content": text})))
         return out
 
+    def _tool_calls(self, resp) -> list[bytes]:
+        """The answer's tool calls as OpenAI streams them: per call, its id and name, then its arguments
+        in pieces (they come checked, with the answer: a call is never streamed half-made)."""
+        out = []
+        for i, call in enumerate(resp.tool_calls or ()):
+            out.append(_data(self._chunk({"tool_calls": [{"index": i, "id": call.id, "type": "function",
+                                                          "function": {"name": call.function.name, "arguments": ""}}]})))
+            args = call.function.arguments
+            for at in range(0, len(args), ARGUMENT_PIECE):
+                out.append(_data(self._chunk({"tool_calls": [{"index": i, "function": {
+                    "arguments": args[at:at + ARGUMENT_PIECE]}}]})))
+        return out
+
     def on(self, event: Piece | Ended) -> list[bytes]:
         """Steps 1-4 for one event of the followed stream."""
         if isinstance(event, Piece):
@@ -84,6 +100,7 @@ class SseReply:
             return [*self._text(""), self.error(status, code, message)]
         lp = logprobs_content(resp, self.token_text) if self.token_text is not None else None
         out = self._text("")
+        out += self._tool_calls(resp)
         out.append(_data(self._chunk({}, resp.finish_reason or "stop", model=resp.model,
                                      logprobs={"content": lp} if lp is not None else None,
                                      system_fingerprint=resp.deployment, llmpipe=llmpipe_extension(resp))))

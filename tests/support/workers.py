@@ -35,7 +35,7 @@ SESSION_STACKS = {"product_stack": "product"}
 PACKAGES = ("tests/security/",)
 # Seconds per group from the last clean-clone run (pytest --durations, setup + call + teardown).
 WEIGHT_S = {
-    "product": 420,
+    "product": 440,
     "tests/test_faults.py": 275,
     "tests/test_actor_serving.py": 240,
     "tests/test_demo.py": 110,
@@ -46,6 +46,7 @@ WEIGHT_S = {
     "tests/test_vllm_engine.py": 75,
     "tests/test_runtime_scale.py": 60,
     "tests/test_admit_state.py": 50,
+    "tests/test_broker_roll.py": 75,
     "tests/test_training_stream.py": 40,
     "tests/test_route_replay.py": 40,
     "tests/test_cli_stack.py": 40,

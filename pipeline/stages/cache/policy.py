@@ -134,6 +134,8 @@ def bypass_reason(doc: RequestDoc, policy: CachePolicy, domain: str) -> str | No
         return "personalised"
     if ctx.tool_side_effects:
         return "tool_side_effects"
+    if doc.body.tools or any(m.role == "tool" for m in doc.body.messages):
+        return "tools"  # the answer may be a call, or rest on a tool result no entry records the version of
     if ctx.volatile:
         return "volatile_data"
     text = cache_text(doc)

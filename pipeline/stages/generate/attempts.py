@@ -15,6 +15,7 @@ from pipeline.contracts import Evidence, RequestDoc, Response, Usage
 from pipeline.contracts.adapter import AdapterSpec
 from pipeline.contracts.request import GenerationSection
 from pipeline.engines.chat_engine import Generation, Sampling, as_chat, chat_prompt_len
+from pipeline.engines.tool_prompt import ToolSpec, spec_for
 from pipeline.registries.adapters import AdapterRegistry
 from pipeline.runtime.stage import SideRecord
 from pipeline.stages.generate.config import (
@@ -32,7 +33,12 @@ def sampling_for(doc: RequestDoc, policy: GeneratePolicy) -> Sampling:
                     temperature=b.temperature if b.temperature is not None else 0.0,
                     top_p=b.top_p if b.top_p is not None else 1.0, seed=b.seed,
                     logprobs=b.logprobs or doc.rollout is not None,  # a rollout without logprobs trains nothing
-                    json_schema=b.output_schema())
+                    json_schema=b.output_schema(), tools=tool_spec(doc))
+
+
+def tool_spec(doc: RequestDoc) -> ToolSpec | None:
+    """The tools the engine offers the model: the caller's, narrowed by route when it narrowed them."""
+    return spec_for(doc.body, doc.route.tools_kept if doc.route is not None else None)
 
 
 def needs_for(doc: RequestDoc, prompt_tokens: int, sampling: Sampling, adapter: AdapterSpec | None = None) -> Needs:
@@ -144,7 +150,7 @@ def section_from(gens: list[Generation], d: Deployment, *, attempts: int, fallba
     tokens_in, tokens_out = sum(x.tokens_in for x in gens), sum(x.tokens_out for x in gens)
     cost = (tokens_in * d.cost_per_1k_input + tokens_out * d.cost_per_1k_output) / 1000
     return GenerationSection(
-        deployment=d.name, model=d.model, model_revision=g.model_revision, text=g.text,
+        deployment=d.name, model=d.model, model_revision=g.model_revision, text=g.text, tool_calls=g.tool_calls,
         prompt_token_ids=g.prompt_token_ids, token_ids=g.token_ids, logprobs=g.logprobs,
         finish_reason=g.finish_reason, tokens_in=tokens_in, tokens_out=tokens_out,
         ttft_ms=round(g.ttft_ms, 2), tpot_ms=None if g.tpot_ms is None else round(g.tpot_ms, 2),

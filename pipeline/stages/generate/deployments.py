@@ -80,7 +80,8 @@ def candidates(deployments: list[Deployment], preferred: list[str], needs: Needs
 # ---- errors and the retry budget ---------------------------------------------------------------
 
 RETRYABLE = {"connection_refused", "connection_reset", "timeout", "overloaded", "engine_dead", "server_error"}
-NON_RETRYABLE = {"context_too_long", "invalid_request", "content_policy", "unauthorized", "adapter_unavailable"}
+NON_RETRYABLE = {"context_too_long", "invalid_request", "content_policy", "unauthorized", "adapter_unavailable",
+                 "tool_call_invalid"}
 
 
 

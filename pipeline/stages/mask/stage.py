@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 
 from pipeline.contracts import RequestDoc, Response, Status
-from pipeline.contracts.request import ANONYMOUS_TENANT, ChatMessage, MaskingSection
+from pipeline.contracts.request import ANONYMOUS_TENANT, MaskingSection
 from pipeline.registries.metering import TenantMeter, request_rate
 from pipeline.registries.tenants import TenantRegistry
 from pipeline.runtime.stage import Outcome, StageContext, ThreadedStage
@@ -26,8 +26,16 @@ from pipeline.stages.mask.pii import Masker, MaskFailed, MaskResult
 
 def mask_document(doc: RequestDoc, masker: Masker, keyring: Keyring) -> tuple[RequestDoc, MaskResult]:
     """Mask every message of the request; seal the mapping to this request_id."""
-    result = masker.mask([m.content for m in doc.body.messages])
-    messages = [ChatMessage(role=m.role, content=t) for m, t in zip(doc.body.messages, result.texts)]
+    # one text per message, then one per tool-call argument string: PII in a call's arguments (an
+    # email to send to) or a tool's result is as visible to the model as in a user turn
+    texts = [m.content for m in doc.body.messages]
+    texts += [c.function.arguments for m in doc.body.messages for c in m.tool_calls or ()]
+    result = masker.mask(texts)
+    masked = iter(result.texts[len(doc.body.messages):])
+    messages = [m.model_copy(update={"content": t, "tool_calls": [
+        c.model_copy(update={"function": c.function.model_copy(update={"arguments": next(masked)})})
+        for c in m.tool_calls] if m.tool_calls else m.tool_calls})
+        for m, t in zip(doc.body.messages, result.texts)]
     section = MaskingSection(
         decision="masked" if result.total else "clean",
         reason=f"{result.total} entities masked" if result.total else "no entities found",

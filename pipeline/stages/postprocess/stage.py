@@ -9,6 +9,7 @@ from __future__ import annotations
 from pipeline.contracts import RequestDoc, Response, Status
 from pipeline.contracts.response import Usage
 from pipeline.engines.embedder import Embedder, ready_shared_embedder
+from pipeline.engines.tool_prompt import ToolCallInvalid, ToolSpec, check_calls, spec_for
 from pipeline.runtime.stage import Outcome, SideRecord, StageContext, ThreadedStage
 from pipeline.security.sealing import RestoreError, keyring_for, open_sealed, unmask
 from pipeline.stages.cache.config import CachePolicy
@@ -44,8 +45,15 @@ class PostprocessStage(ThreadedStage):
             text, source = gen.text, "generation"
         else:
             return self._error(doc, "no_answer", "neither a cache hit nor a generation reached postprocess")
+        calls = list(gen.tool_calls or []) if gen is not None and source == "generation" else []
+        if calls:  # the engine checked them too; this is the last word before the answer leaves
+            try:
+                check_calls([c.model_dump(mode="json") for c in calls],
+                            spec_for(doc.body, doc.route.tools_kept if doc.route else None) or ToolSpec(()))
+            except ToolCallInvalid as exc:
+                return self._error(doc, "tool_call_refused", str(exc), deployment=gen.deployment if gen else None)
         schema = doc.body.output_schema()
-        problem = schema_violation(text, schema) if schema is not None else None
+        problem = schema_violation(text, schema) if schema is not None and not calls else None
         if problem is not None:  # no silent repair: the caller learns what is wrong
             return self._error(doc, "schema_invalid", f"the answer does not satisfy the requested JSON schema: {problem}",
                                deployment=gen.deployment if gen else None)
@@ -59,12 +67,17 @@ class PostprocessStage(ThreadedStage):
             except RestoreError:
                 return self._error(doc, "unmask_failed", "the restore mapping does not open with this stack's keys")
             text = unmask(text, mapping)
+            calls = [c.model_copy(update={"function": c.function.model_copy(
+                update={"arguments": unmask(c.function.arguments, mapping)})}) for c in calls]
             samples = [x.model_copy(update={"text": unmask(x.text, mapping)}) for x in samples]
             unmasked = True
         scores = {"unmasked": float(unmasked), "written_back": float(bool(side))} | self._shadow_verdict(doc)
         ev = self.evidence(doc, "answered", f"from_{source}", scores=scores,
                            labels={"domain": cache.domain, "cache": cache.decision} if cache else {})
-        out = Outcome.answer(doc, self._response(doc, text, source, samples), ev)
+        resp = self._response(doc, text, source, samples)
+        if calls:
+            resp = resp.model_copy(update={"tool_calls": calls, "finish_reason": "tool_calls"})
+        out = Outcome.answer(doc, resp, ev)
         out.side = side
         return out
 

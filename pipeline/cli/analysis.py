@@ -237,6 +237,37 @@ def cache_eval(pairs: Annotated[Path, typer.Option("--pairs", exists=True, dir_o
     _print_json(report)
 
 
+@app.command("tool-eval")
+@command
+def tool_eval(cases: Annotated[Path, typer.Option("--cases", exists=True, dir_okay=False, help="labelled JSONL")],
+              catalog: Annotated[Path, typer.Option("--catalog", exists=True, dir_okay=False,
+                                                    help='{"tools": [...]} the cases name')],
+              k: Annotated[int | None, typer.Option("--k", help="candidates kept (default: the route policy's)")] = None,
+              data_dir: DataDir = Path(".llmpipe"), config: ConfigFile = None, json: Json = False) -> None:
+    """How often tool narrowing keeps the tools a conversation needs (recall at k), by kind and language."""
+    from rich.table import Table
+
+    from pipeline.evaluation.tools import evaluate, read_cases, read_catalog
+    from pipeline.stages.route.config import RoutePolicy
+    from pipeline.stages.route.tools import narrower_for
+
+    policy = _stage_policy(_settings(data_dir, config, None), "route", RoutePolicy).tools
+    try:
+        rows = read_cases(cases, read_catalog(catalog))
+    except (ValueError, KeyError) as exc:
+        raise CliError(str(exc)) from None
+    report = evaluate(narrower_for(policy), rows, k or policy.max_candidates)
+    if not json:
+        t = Table("by", "value", "recall")
+        for dim in ("by_kind", "by_lang"):
+            for name, r in report[dim].items():
+                t.add_row(dim[3:], name, str(r))
+        out.print(t)
+        out.print(f"recall at {report['k']}: {report['recall']} over {report['cases']} cases; "
+                  f"{report['ms_p50']} ms p50, {report['ms_p95']} ms p95 per request")
+    _print_json(report)
+
+
 @app.command("cache-fit")
 @command
 def cache_fit(pairs: Annotated[list[Path], typer.Option("--pairs", exists=True, dir_okay=False,

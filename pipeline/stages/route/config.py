@@ -57,6 +57,13 @@ class PlacementPolicy(PolicyModel):
     cloud_min_budget_ms: int = 1_500
 
 
+class ToolsPolicy(PolicyModel):
+    """Tool-candidate narrowing (route/tools.py)."""
+
+    max_candidates: int = Field(8, ge=1, le=128, description="a request offering more tools keeps this many")
+    context_weight: float = Field(0.5, ge=0, description="weight of the turns before the last user turn")
+
+
 class RoutePolicy(PolicyModel):
     version: str = "route-v1"
     routes: dict[str, Route] = Field(default_factory=_default_routes)
@@ -66,6 +73,7 @@ class RoutePolicy(PolicyModel):
     weight_complexity: float = 0.15
     min_score: float = 0.25
     placement: PlacementPolicy = PlacementPolicy()
+    tools: ToolsPolicy = ToolsPolicy()
     experiments: list[Experiment] = Field(default_factory=list, description="weighted variants of routes")
     prompts: dict[str, str] = Field(default_factory=dict, description="prompt revision -> the system prompt a "
                                                                       "variant runs with")

@@ -32,6 +32,7 @@ from pipeline.stages.route.policy import (
     score_routes,
     update_flags,
 )
+from pipeline.stages.route.tools import ToolNarrower, narrower_for
 
 
 def route_text(doc: RequestDoc) -> str:
@@ -99,11 +100,13 @@ class RouteStage(Stage):
     def __init__(self, ctx: StageContext) -> None:
         super().__init__(ctx)
         self.router: Router | None = None
+        self.narrower: ToolNarrower | None = None  # its encoders load on the first request with many tools
 
     async def start(self) -> None:
         embedder = await ready_shared_embedder(self.ctx.settings.resolved_data_dir() / "models")
         adapters = AdapterRegistry(self.ctx.settings.adapters)
         self.router = await asyncio.to_thread(Router, self.policy, embedder, adapters)
+        self.narrower = narrower_for(self.policy.tools)
         await self.follow_control(adapters.apply)  # adapters registered or re-stated while running
 
     def outcome(self, doc: RequestDoc, sec: RouteSection, reused: bool = False) -> Outcome:
@@ -118,7 +121,24 @@ class RouteStage(Stage):
         placement_ev = self.evidence(doc, f"placement:{sec.placement}", sec.placement_reason)
         # evidence rows are keyed by (request_id, stage, attempt): the placement row is its own stage name
         placement_ev = placement_ev.model_copy(update={"stage": f"{self.name}.placement"})
-        return Outcome.forward(doc, ev, placement_ev)
+        if sec.tools_kept is None:
+            return Outcome.forward(doc, ev, placement_ev)
+        tools_ev = self.evidence(doc, "narrowed", f"kept {len(sec.tools_kept)} of "
+                                 f"{len(sec.tools_kept) + len(sec.tools_dropped)} tools",
+                                 candidates=sec.tools_kept, scores={"tools.offered": float(len(doc.body.tools)),
+                                                                    "tools.kept": float(len(sec.tools_kept)),
+                                                                    **{f"tool.{k}": v for k, v in sec.tool_scores.items()}},
+                                 labels={"dropped": ",".join(sec.tools_dropped)[:2000]})
+        tools_ev = tools_ev.model_copy(update={"stage": f"{self.name}.tools"})
+        return Outcome.forward(doc, ev, placement_ev, tools_ev)
+
+    def narrowed(self, doc: RequestDoc, sec: RouteSection) -> RouteSection:
+        """Tool narrowing (route/tools.py) for a request offering more tools than the policy keeps."""
+        k = self.policy.tools.max_candidates
+        if self.narrower is None or len(doc.body.tools) <= k or doc.body.tool_choice == "none":
+            return sec
+        n = self.narrower.narrow(doc.body.tools, doc.body.messages, k, doc.body.tool_choice)
+        return sec.model_copy(update={"tools_kept": n.kept, "tools_dropped": n.dropped, "tool_scores": n.scores})
 
     async def process_batch(self, docs: list[RequestDoc]) -> list[Outcome | BaseException]:
         assert self.router is not None, "start() first"
@@ -133,7 +153,8 @@ class RouteStage(Stage):
                     vecs[i] = v
             now = int(time.time() * 1000)
             # the record's own creation time drives hysteresis, so a replay re-decides identically
-            return [router.decide(d, v, d.created_ms or now) for d, v in zip(docs, vecs)], reused
+            sections = [router.decide(d, v, d.created_ms or now) for d, v in zip(docs, vecs)]
+            return [self.narrowed(d, sec) for d, sec in zip(docs, sections)], reused
 
         sections, reused = await asyncio.to_thread(run)
         return [self.outcome(d, s, r) for d, s, r in zip(docs, sections, reused)]

@@ -70,6 +70,7 @@ async def soak(topology: str, rate: float, minutes: float, window_s: float) -> d
                 mem = rss_mib(stack_roots(system.data_dir))
                 broker = (json.loads((system.data_dir / "run" / "health.json").read_text()).get("broker") or {})
                 row.update(minute=round((time.monotonic() - t0) / 60, 1), broker_rss_mib=mem.get("broker"),
+                           rss_mib_by_process=mem,
                            stack_rss_mib=round(sum(mem.values()), 1), broker_rolls=broker.get("rolls"),
                            broker_restarts=broker.get("restarts"))
                 windows.append(row)

@@ -141,3 +141,34 @@ def test_a_named_tool_and_the_tools_already_called_are_always_kept(narrower):
     result = narrower.narrow(req.body.tools, req.body.messages, 2, req.body.tool_choice)
     assert result.kept == ["tool_3", "tool_17"] and len(result.dropped) == 18
     assert isinstance(narrower, ToolNarrower)
+
+
+# ---- authorisation: what a tenant's keys may offer ------------------------------------------------
+
+async def test_a_tenant_offering_a_tool_it_may_not_use_gets_403_before_anything_is_published(tmp_path):
+    from pipeline.contracts.control import TenantUpsert
+    from tests.support.door import door_without_broker, post
+
+    door, keys, published = door_without_broker(tmp_path)
+    assert door.registry.apply(TenantUpsert(tenant="busy", limits={"tools": {"allow": ["get_*"],
+                                                                             "roles": {"mailer": ["send_*"]}}}))
+    r = await post(door, "/v1/chat/completions", keys["busy"], body())  # get_weather and send_email
+    assert r.status_code == 403 and r.json()["error"]["code"] == "tool_not_allowed"
+    assert "send_email" in r.json()["error"]["message"] and "get_weather" not in r.json()["error"]["message"]
+    assert published == []
+    r = await post(door, "/v1/chat/completions", keys["busy"], body(tools=[WEATHER]))
+    assert r.status_code == 200 and len(published) == 1
+    r = await post(door, "/v1/chat/completions", keys["slow"], body())  # no access configured: any tool
+    assert r.status_code == 200
+
+
+def test_mask_refuses_a_tool_by_the_keys_roles_for_producers_past_the_door():
+    from pipeline.config.tenants import ToolAccess
+    from pipeline.contracts import RequestDoc
+    from pipeline.stages.mask.auth import tool_refusal
+
+    access = ToolAccess(allow=["get_*"], roles={"mailer": ["send_*"]})
+    doc = RequestDoc(request_id="r", body=chat_request(body()).body)
+    assert "send_email" in (tool_refusal(doc, access) or "")
+    assert tool_refusal(doc.model_copy(update={"roles": ["mailer"]}), access) is None
+    assert tool_refusal(doc, ToolAccess()) is None

@@ -3,6 +3,8 @@ updates: pipeline/registries/tenants.py)."""
 
 from __future__ import annotations
 
+from fnmatch import fnmatchcase
+
 from pydantic import BaseModel, Field
 
 
@@ -17,6 +19,18 @@ class RateLimits(BaseModel):
         return self.rpm is not None or self.tpm is not None or self.concurrency is not None
 
 
+class ToolAccess(BaseModel):
+    """Which function tools a tenant's callers may offer a model (fnmatch patterns on tool names)."""
+
+    allow: list[str] = Field(default_factory=lambda: ["*"], description="any key of the tenant")
+    roles: dict[str, list[str]] = Field(default_factory=dict, description="role -> more patterns its keys may offer")
+
+    def refused(self, names: list[str], roles: list[str] | tuple[str, ...]) -> list[str]:
+        """The names this caller may not offer."""
+        patterns = [*self.allow, *(p for r in roles for p in self.roles.get(r, ()))]
+        return [n for n in names if not any(fnmatchcase(n, p) for p in patterns)]
+
+
 class TenantLimits(RateLimits):
     """A tenant's limits (None = unlimited). Budgets in USD, per UTC day and calendar month."""
 
@@ -24,6 +38,7 @@ class TenantLimits(RateLimits):
     monthly_budget_usd: float | None = Field(None, ge=0)
     max_queue: int = Field(0, ge=0, description="requests that may wait for a slot (0: reject at once)")
     max_prompt_chars: int = Field(32_000, ge=1, description="larger prompts are rejected before any work")
+    tools: ToolAccess = Field(default_factory=ToolAccess, description="the tools its callers may offer (default: any)")
     deployments: dict[str, RateLimits] = Field(default_factory=dict,
                                                description="per (tenant, deployment) limits, by deployment name")
     idempotency_window_s: int = Field(86_400, ge=1, description="how long an idempotency key's result is kept")

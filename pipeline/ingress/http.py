@@ -343,6 +343,8 @@ class FrontDoor:
         except ValidationError as exc:
             raise HttpError(422, "invalid_request", describe_validation_error(exc)) from None
         limits = self.registry.limits_for(caller.tenant if caller else ANONYMOUS_TENANT)
+        if refused := limits.tools.refused([t.function.name for t in doc.body.tools], caller.roles if caller else ()):
+            raise HttpError(403, "tool_not_allowed", f"this API key may not offer the tool(s) {', '.join(refused[:5])}")
         if (too_big := prompt_size_refusal(doc.body.messages, limits)) is not None:
             raise HttpError(413, "too_large", too_big)  # mask checks again, for the Kafka path
         self._meter(self.request_meter, caller, doc.created_ms)

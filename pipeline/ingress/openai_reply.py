@@ -13,13 +13,14 @@ from pipeline.contracts import Response, Status
 # postprocess, the runtime's DLQ answer); a class not listed falls back by status (see http_status).
 STATUS_BY_CLASS: dict[str, int] = {
     "unauthenticated": 401,
-    "forbidden": 403, "adapter_forbidden": 403, "blob_forbidden": 403,
+    "forbidden": 403, "adapter_forbidden": 403, "blob_forbidden": 403, "tool_not_allowed": 403,
     "in_progress": 409, "actor_revision_unavailable": 409, "duplicate_request": 409,
     "too_large": 413, "body_too_large": 413, "too_many_pixels": 413, "too_many_images": 413,
     "context_too_long": 413,
     "invalid_request": 422, "fetch_refused": 422, "unsupported_format": 422, "decode_error": 422,
     "blob_not_found": 422,
     "rate_limited": 429, "concurrency_limited": 429, "budget_exhausted": 429, "too_many_idempotency_keys": 429,
+    "tool_call_invalid": 502, "tool_call_refused": 502,
     "processing_failed": 500, "unmask_failed": 500, "no_answer": 500, "mask_failed": 500,
     "overloaded": 503, "engine_dead": 503, "no_compatible_deployment": 503, "original_lost": 503,
     "adapter_unavailable": 503, "broker_unavailable": 503, "broker_restarted": 503,

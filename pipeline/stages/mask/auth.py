@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from pipeline.config.tenants import ToolAccess
 from pipeline.contracts import RequestDoc
 from pipeline.contracts.feedback import Feedback
 from pipeline.contracts.request import ANONYMOUS_TENANT
@@ -79,6 +80,13 @@ def authenticate(doc: RequestDoc, registry: TenantRegistry, required: bool, keyr
     c = who.caller
     return stripped.model_copy(update={"tenant_id": c.tenant, "principal": c.principal, "roles": list(c.roles),
                                        "key_id": c.key_id}), None, who.reason
+
+
+def tool_refusal(doc: RequestDoc, access: ToolAccess) -> str | None:
+    """Why this caller may not offer these tools (the tenant's `tools` access, by the key's roles).
+    Checked before any model sees them; the answer's calls are checked against what was offered."""
+    refused = access.refused([t.function.name for t in doc.body.tools], doc.roles)
+    return f"this API key may not offer the tool(s) {', '.join(refused[:5])}" if refused else None
 
 
 def rollout_refusal(doc: RequestDoc, role: str | None) -> str | None:

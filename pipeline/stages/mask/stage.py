@@ -18,7 +18,7 @@ from pipeline.registries.metering import TenantMeter, request_rate
 from pipeline.registries.tenants import TenantRegistry
 from pipeline.runtime.stage import Outcome, StageContext, ThreadedStage
 from pipeline.security.sealing import Keyring, keyring_for, seal
-from pipeline.stages.mask.auth import authenticate, rollout_refusal
+from pipeline.stages.mask.auth import authenticate, rollout_refusal, tool_refusal
 from pipeline.stages.mask.config import MaskStagePolicy
 from pipeline.stages.mask.limits import size_refusal
 from pipeline.stages.mask.pii import Masker, MaskFailed, MaskResult
@@ -89,6 +89,8 @@ class MaskStage(ThreadedStage):
         if no_rollouts is not None:
             return self.reject(doc, "forbidden", no_rollouts, no_rollouts)
         limits = self.registry.limits_for(doc.tenant_id)
+        if (no_tools := tool_refusal(doc, limits.tools)) is not None:
+            return self.reject(doc, "tool_not_allowed", no_tools, no_tools)
         too_big = size_refusal(doc, limits)
         if too_big is not None:
             return self.reject(doc, "too_large", too_big, too_big)

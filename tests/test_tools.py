@@ -172,3 +172,22 @@ def test_mask_refuses_a_tool_by_the_keys_roles_for_producers_past_the_door():
     assert "send_email" in (tool_refusal(doc, access) or "")
     assert tool_refusal(doc.model_copy(update={"roles": ["mailer"]}), access) is None
     assert tool_refusal(doc, ToolAccess()) is None
+
+
+def test_a_deployment_without_tool_calling_is_no_candidate_for_a_tools_request_and_says_why():
+    from pipeline.config.settings import Deployment
+    from pipeline.contracts import RequestDoc
+    from pipeline.stages.generate.attempts import needs_for, sampling_for
+    from pipeline.stages.generate.config import GeneratePolicy
+    from pipeline.stages.generate.deployments import candidates
+
+    plain = Deployment(name="plain", engine="openai", base_url="http://x/v1")  # tools: not declared
+    caller = Deployment(name="caller", engine="openai", base_url="http://y/v1", tools=True)
+    local = Deployment(name="local", engine="vllm", json_schema=True)  # tools through the grammar
+    doc = RequestDoc(request_id="r", body=chat_request(body(tool_choice="required")).body)
+    sampling = sampling_for(doc, GeneratePolicy())
+    ok, refused = candidates([plain, caller, local], ["plain", "caller", "local"], needs_for(doc, 50, sampling))
+    assert [d.name for d in ok] == ["caller", "local"] and refused == {"plain": "no tool calling"}
+    none = RequestDoc(request_id="r", body=chat_request(body(tool_choice="none")).body)
+    ok, refused = candidates([plain], ["plain"], needs_for(none, 50, sampling_for(none, GeneratePolicy())))
+    assert [d.name for d in ok] == ["plain"] and not refused  # tools offered, none to be called

@@ -169,7 +169,8 @@ class Deployment(BaseModel):
     max_context: int = Field(2048, ge=16)
     images: bool = False
     json_schema: bool = False
-    tools: bool = False
+    tools: bool | None = Field(None, description="serves tool calls; default: the vllm engine when it has "
+                                                 "json_schema (tools through a grammar), an openai server never")
     lora: bool = Field(False, description="serves the registry's LoRA adapters of its model (vllm engine, "
                                           "with `lora.enabled`)")
     region: str = "local"
@@ -180,6 +181,10 @@ class Deployment(BaseModel):
     limits: RateLimits = Field(default_factory=RateLimits,
                                description="global limits over every tenant, enforced by admit: each admit "
                                            "partition owns an equal share, so the sum never exceeds them")
+
+    @property
+    def serves_tools(self) -> bool:
+        return self.tools if self.tools is not None else self.engine == "vllm" and self.json_schema
 
     @model_validator(mode="after")
     def _engine_fields(self) -> Deployment:

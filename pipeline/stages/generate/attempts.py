@@ -48,6 +48,7 @@ def needs_for(doc: RequestDoc, prompt_tokens: int, sampling: Sampling, adapter: 
                  # described by vision, the images reach a text-only model as text
                  images=bool(doc.body.images) and not (doc.vision and doc.vision.description),
                  json_schema=sampling.json_schema is not None,
+                 tools=sampling.tools is not None and sampling.tools.active(),
                  regions=frozenset(c.residency) if c.residency is not None else None, max_cost_usd=c.max_cost_usd)
 
 

@@ -44,7 +44,7 @@ def incompatibility(d: Deployment, needs: Needs) -> str | None:
         return "no image support"
     if needs.json_schema and not d.json_schema:
         return "no JSON-schema output"
-    if needs.tools and not d.tools:
+    if needs.tools and not d.serves_tools:
         return "no tool calling"
     if needs.adapter_of is not None and not (d.lora and d.model == needs.adapter_of):
         return f"serves no LoRA adapters of {needs.adapter_of}"

@@ -195,7 +195,7 @@ def llmpipe_config(system: str, upstream: str, key: str) -> dict[str, Any]:
     return {"auth": {"required": True, "dev_tenant": None},
             "tenants": [{"name": "bench", "limits": {}, "api_keys": [{"key_sha256": key_hash(key)}]}],
             "deployments": [{"name": "mock", "engine": "openai", "model": "mock", "base_url": upstream,
-                             "concurrency": 256}],
+                             "concurrency": 256, "tools": True}],
             "stages": stage_specs(system, policies)}
 
 
@@ -237,6 +237,17 @@ class Shot:
     error: str | None = None
 
 
+BENCH_TOOLS: list[dict[str, Any]] = []  # --tools N: every request offers these (the same body for every system)
+
+
+def bench_tools(n: int) -> list[dict[str, Any]]:
+    """The first n tools of the development catalog (tests/data/TOOL_NARROWING_TRAIN.md)."""
+    catalog = json.loads((ROOT / "tests" / "data" / "tools_catalog_train.json").read_text())["tools"]
+    if n > len(catalog):
+        raise typer.BadParameter(f"--tools at most {len(catalog)}")
+    return catalog[:n]
+
+
 async def offer(session: aiohttp.ClientSession, system: System, rate: float, seconds: float, tag: str,
                 timeout_s: float = 60.0) -> tuple[list[Shot], float, float]:
     """Open loop: one request every 1/rate s for `seconds`; returns the shots, offered and total seconds."""
@@ -246,7 +257,8 @@ async def offer(session: aiohttp.ClientSession, system: System, rate: float, sec
 
     async def one(i: int, shot: Shot) -> None:
         body = {"model": system.model, "max_tokens": 8, "temperature": 0,
-                "messages": [{"role": "user", "content": f"Reply yes. ({tag} {i} {os.urandom(4).hex()})"}]}
+                "messages": [{"role": "user", "content": f"Reply yes. ({tag} {i} {os.urandom(4).hex()})"}],
+                **({"tools": BENCH_TOOLS} if BENCH_TOOLS else {})}
         try:
             async with session.post(system.url, json=body, headers=system.headers,
                                     timeout=aiohttp.ClientTimeout(total=timeout_s)) as r:
@@ -467,8 +479,10 @@ def main(quick: bool = typer.Option(False, "--quick", help="rates 10 and 40, 6 s
          profile: Path = typer.Option(None, help="py-spy every llmpipe process during each window; collapsed "
                                                  "stacks and a summary go to this folder"),
          stack_env: list[str] = typer.Option([], "--stack-env", help="KEY=VALUE for llmpipe's processes "
-                                                                     "(repeatable), e.g. a consumer setting")) -> None:
+                                                                     "(repeatable), e.g. a consumer setting"),
+         tools: int = typer.Option(0, help="every request offers this many function tools (tool_choice auto)")) -> None:
     t0 = time.perf_counter()
+    BENCH_TOOLS[:] = bench_tools(tools)
     chosen = [s.strip() for s in systems.split(",") if s.strip()]
     unknown = set(chosen) - {"direct", "litellm", "gateway", "product", "gateway-unchained", "product-unchained"}
     if unknown:
@@ -489,6 +503,7 @@ def main(quick: bool = typer.Option(False, "--quick", help="rates 10 and 40, 6 s
             console.print(f"[bold]{stem}[/bold] ({sm['samples']} samples): "
                           + "; ".join(f"{k} {v}%" for k, v in sm["leaf_pct"][:6]))
     result["quick"] = quick
+    result["tools"] = tools
     print_result(console, result, t0)
 
 

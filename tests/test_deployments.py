@@ -51,6 +51,9 @@ def test_side_effects_need_an_idempotency_key():
     keyed = next_step("timeout", request_id="r", attempt=1, remaining_ms=60_000, has_fallback=False,
                       side_effects=True, idempotency_key="k1", p=p)
     assert keyed.action == "retry"
+    refused = next_step("connection_refused", request_id="r", attempt=1, remaining_ms=60_000, has_fallback=False,
+                        side_effects=True, idempotency_key=None, p=p)
+    assert refused.action == "retry"  # it never reached the upstream: nothing can have happened twice
 
 
 def test_backoff_is_jittered_bounded_and_replayable():

@@ -272,6 +272,7 @@ FAILING = {  # name: (region, mock upstream options)
     # one token a second: each well inside the engine's read timeout, the whole far past the attempt's
     "slow": ("r-slow", ["--tokens", "100", "--itl-ms", "1000"]),
     "spare": ("r-slow", []),
+    "effect": ("r-effect", ["--tokens", "100", "--itl-ms", "1000"]),  # times out after it took the request
     "dead": ("r-deadline", None),  # nobody listens
     "healthy": ("r-deadline", []),
 }
@@ -285,13 +286,14 @@ async def failing(broker, prepared_model, tmp_path_factory) -> AsyncIterator[Fai
     with ExitStack() as es:
         ups = {name: es.enter_context(mock_upstream(*args, log=tmp / f"{name}.log"))
                for name, (_, args) in FAILING.items() if args is not None}
-        deployments = [{"name": name, "engine": "openai", "region": region,
+        deployments = [{"name": name, "engine": "openai", "region": region, "tools": True,
                         "base_url": ups[name].base_url if name in ups else f"http://127.0.0.1:{free_port()}/v1"}
                        for name, (region, _) in FAILING.items()]
         policy = {"prefer": list(FAILING),
                   "breaker": {"failures_to_open": 3, "window_ms": 60_000, "cooldown_ms": COOLDOWN_MS},
                   "retry": {"attempt_timeout_ms": ATTEMPT_TIMEOUT_MS, "backoff_base_ms": 50,
-                            "fallback_reserve_ms": 1000, "max_attempts": 3}}
+                            "fallback_reserve_ms": 1000, "max_attempts": 3},
+                  "side_effect_tools": ["send_*"]}
         s = stack(tmp, prefix, broker.bootstrap, deployments, policy, prepared_model)
         await create_topics(s)
         topo = topology_for(s)
@@ -395,6 +397,32 @@ async def test_deadline_too_short_for_another_attempt_gets_the_first_error(faili
     rl, _ = await failing.ask("r-deadline")
     assert rl.status == "ok" and rl.deployment == "healthy", rl
     assert (await stats(failing.ups["healthy"]))["requests"] == 1, "the short request never reached it"
+
+
+async def test_a_side_effecting_tool_request_that_timed_out_upstream_is_repeated_only_with_an_idempotency_key(
+        failing: Failing):
+    from pipeline.contracts.request import Tool
+    from tests.support.tools import EMAIL
+
+    async def ask(**kw) -> tuple[Response, list[Evidence]]:
+        b = body("Email the team that the release slipped.", max_tokens=100).model_copy(
+            update={"tools": [Tool.model_validate(EMAIL)], "tool_choice": "required"})
+        doc = failing.client.build(body=b, tenant_id="acme", context=RequestContext(residency=["r-effect"]),
+                                   timeout_s=60, **kw)
+        r = await failing.client.request(doc, 60)
+        return r, await failing.rows(r)
+
+    r, rows = await ask()
+    assert r.status == "error" and r.error_class == "timeout", r
+    [(decision, why)] = attempts_on(rows, "effect")
+    assert decision == "failed" and "never repeated without an idempotency key" in why, why
+    assert (await stats(failing.ups["effect"]))["requests"] == 1, "not sent a second time"
+    r, rows = await ask(idempotency_key="release-mail-1")
+    tried = [d for d, _ in attempts_on(rows, "effect")]
+    # with a key the repeats are safe: it was sent again (until the breaker, which counts the first
+    # request's failure too, opened on the third)
+    assert r.status == "error" and tried[:2] == ["failed", "failed"], tried
+    assert (await stats(failing.ups["effect"]))["requests"] == 1 + tried.count("failed") >= 3
 
 
 # ---- the one check that needs a model: the openai engine against a real vLLM server ----

@@ -95,7 +95,8 @@ def test_body_parsing_refuses_what_it_cannot_honour():
     assert ok.body.messages[0].role == "system" and ok.body.images == ["https://x/y.png"]
     assert ok.stream and ok.include_usage and ok.timeout_s == 5 and ok.extension.context.domain == "faq"
     assert "someone@example.com" not in ok.body.model_dump_json()  # `user` is not kept
-    for bad, why in [({"n": 2}, "`n`"), ({"tools": [{"type": "function"}]}, r"tools\[0\] function"), ({"stop": "x"}, "`stop`"),
+    for bad, why in [({"n": 9}, "`n`"), ({"tools": [{"type": "function"}]}, r"tools\[0\] function"),
+                     ({"top_logprobs": 3}, "`top_logprobs`"),
                      ({"stream": "yes"}, "`stream`"), ({"messages": []}, "messages")]:
         with pytest.raises(BodyError, match=why):
             chat_request({"messages": [{"role": "user", "content": "hi"}], **bad})

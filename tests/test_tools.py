@@ -191,3 +191,80 @@ def test_a_deployment_without_tool_calling_is_no_candidate_for_a_tools_request_a
     none = RequestDoc(request_id="r", body=chat_request(body(tool_choice="none")).body)
     ok, refused = candidates([plain], ["plain"], needs_for(none, 50, sampling_for(none, GeneratePolicy())))
     assert [d.name for d in ok] == ["plain"] and not refused  # tools offered, none to be called
+
+
+# ---- the rest of the sampling surface ------------------------------------------------------------
+
+def test_stop_penalties_and_logit_bias_reach_the_engines_sampling_and_bypass_the_cache():
+    from pipeline.contracts import RequestDoc
+    from pipeline.engines.openai_engine import OpenAIEngine
+    from pipeline.stages.cache.config import CachePolicy
+    from pipeline.stages.cache.policy import bypass_reason
+    from pipeline.stages.generate.attempts import sampling_for
+    from pipeline.stages.generate.config import GeneratePolicy
+
+    req = chat_request({"messages": [{"role": "user", "content": "count to ten"}], "stop": "5",
+                        "presence_penalty": 0.5, "frequency_penalty": -0.25, "logit_bias": {"42": -100}})
+    s = sampling_for(RequestDoc(request_id="r", body=req.body), GeneratePolicy())
+    assert (s.stop, s.presence_penalty, s.frequency_penalty, s.logit_bias) == (("5",), 0.5, -0.25, {42: -100.0})
+    sent = OpenAIEngine("http://x/v1", "m").body([{"role": "user", "content": "x"}], s)
+    assert (sent["stop"], sent["presence_penalty"], sent["logit_bias"]) == (["5"], 0.5, {"42": -100.0})
+    assert bypass_reason(RequestDoc(request_id="r", body=req.body), CachePolicy(), "faq") == "sampling_constraints"
+    for bad in ({"stop": ["a"] * 5}, {"presence_penalty": 3}, {"logit_bias": {"x": 1}}, {"logit_bias": {"1": 101}}):
+        with pytest.raises((BodyError, ValueError)):
+            chat_request({"messages": [{"role": "user", "content": "x"}], **bad})
+
+
+async def test_models_lists_the_deployments_with_their_capabilities_to_an_authenticated_caller(tmp_path):
+    import httpx
+
+    from tests.support.door import door_without_broker
+
+    door, keys, _ = door_without_broker(tmp_path)
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=door.app), base_url="http://door") as c:
+        assert (await c.get("/v1/models")).status_code == 401
+        r = await c.get("/v1/models", headers={"authorization": f"Bearer {keys['busy']}"})
+    assert r.status_code == 200 and r.json()["object"] == "list"
+    (local,) = [m for m in r.json()["data"] if m["id"] == "local-vllm"]
+    assert local["llmpipe"]["tools"] is True and local["llmpipe"]["json_schema"] is True
+
+
+# ---- n > 1: every choice checked, un-masked and answered -------------------------------------------
+
+def _postprocess(tmp_path):
+    from pipeline.config.settings import Settings, StageSpec
+    from pipeline.runtime.stage import StageContext
+    from pipeline.stages.postprocess.stage import PostprocessStage
+
+    s = Settings(data_dir=tmp_path, stages=[StageSpec(name="postprocess", policy={"write_back": False})])
+    return PostprocessStage(StageContext(spec=s.stage("postprocess"), settings=s, runtime=s.runtime))
+
+
+def _generated(text: str, **kw):
+    from pipeline.contracts.request import GenerationSection
+
+    return GenerationSection(deployment="d", model="m", model_revision="r", text=text, prompt_token_ids=[1],
+                             token_ids=[2], finish_reason="stop", tokens_in=1, tokens_out=3, ttft_ms=1.0, **kw)
+
+
+def test_every_choice_is_checked_and_a_bad_one_names_its_index(tmp_path):
+    from pipeline.contracts import RequestDoc
+    from pipeline.contracts.request import Choice, ToolCall
+    from pipeline.ingress.openai_reply import completion
+
+    stage = _postprocess(tmp_path)
+    req = chat_request(body(n=3, tool_choice="required"))
+    call = ToolCall.model_validate({"id": "c0", "function": {"name": "get_weather", "arguments": '{"city":"Oslo"}'}})
+    rogue = ToolCall.model_validate({"id": "c2", "function": {"name": "delete_all", "arguments": "{}"}})
+    ok = [Choice(index=i, text="", tool_calls=[call], finish_reason="tool_calls") for i in (1, 2)]
+    doc = RequestDoc(request_id="r", tenant_id="t", body=req.body,
+                     generation=_generated("", tool_calls=[call], choices=ok))
+    out = stage.decide(doc)
+    assert out.response.status == "ok" and [c.index for c in out.response.choices] == [1, 2]
+    answer = completion(out.response, "small")
+    assert [c["index"] for c in answer["choices"]] == [0, 1, 2]
+    assert all(c["message"]["tool_calls"][0]["function"]["name"] == "get_weather" for c in answer["choices"])
+    bad = doc.model_copy(update={"generation": _generated("", tool_calls=[call], choices=[
+        ok[0], Choice(index=2, text="", tool_calls=[rogue], finish_reason="tool_calls")])})
+    refused = stage.decide(bad).response
+    assert refused.error_class == "tool_call_refused" and refused.reason.startswith("choice 2: ")

@@ -72,3 +72,23 @@ def test_a_round_trip_returns_the_callers_tool_result_to_the_model(client):
                                            max_tokens=48)
     assert final.choices[0].finish_reason in ("stop", "length")
     assert final.choices[0].message.content and not final.choices[0].message.tool_calls
+
+
+def test_stop_cuts_the_same_answer_where_the_sequence_begins(client):
+    ask = [{"role": "user", "content": "Name three colours of the rainbow."}]
+    whole = client.chat.completions.create(model="small", messages=ask, max_tokens=40, temperature=0).choices[0]
+    words = whole.message.content.split()
+    assert len(words) >= 4, whole.message.content
+    cut_at = " " + words[3]
+    cut = client.chat.completions.create(model="small", messages=ask, max_tokens=40, temperature=0, stop=[cut_at])
+    choice = cut.choices[0]
+    assert choice.finish_reason == "stop"
+    assert choice.message.content == whole.message.content[:whole.message.content.index(cut_at)]
+
+
+def test_n_choices_come_back_each_indexed_and_counted(client):
+    r = client.chat.completions.create(model="small", messages=[{"role": "user", "content": "Say a fruit."}], n=3,
+                                       max_tokens=12, temperature=1.0)
+    assert [c.index for c in r.choices] == [0, 1, 2]
+    assert all(c.message.content and c.finish_reason in ("stop", "length") for c in r.choices)
+    assert r.usage.completion_tokens >= 3  # all three are billed

@@ -75,7 +75,10 @@ def fb(tenant, value):
                     created_ms=T)
 # acme first, then globex reusing both ids (a later insert: it would win a shared key)
 for tenant, status, value, score in (("acme", "ok", True, 1.0), ("globex", "error", False, 0.0)):
-    w.insert("requests", rows.REQUESTS_COLUMNS, [rows.request_row(answer(tenant, status, f"route-{tenant}"))])
+    # the columns of the warehouse as it was: later migrations add some (018: tool_calls)
+    cols = [c for c in rows.REQUESTS_COLUMNS if not upgrade or c != "tool_calls"]
+    row = dict(zip(rows.REQUESTS_COLUMNS, rows.request_row(answer(tenant, status, f"route-{tenant}"))))
+    w.insert("requests", cols, [[row[c] for c in cols]])
     w.insert("rollouts", rows.ROLLOUTS_COLUMNS, [rows.rollout_row(sample(tenant, score))])
     w.insert("decisions", rows.DECISIONS_COLUMNS, [rows.decision_row(decision(tenant, f"pol-{tenant}"))])
     w.insert("feedback", rows.FEEDBACK_COLUMNS, [rows.feedback_row(fb(tenant, value))])

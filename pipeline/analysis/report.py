@@ -54,6 +54,11 @@ SECTIONS = [
     Section("retries_fallbacks", "Retries and fallbacks",
             "generations that needed more than one engine attempt, the latency that added, the prompt tokens "
             "sent again"),
+    Section("tool_calls", "Tool calls", "calls the answers carried, by tool, tenant and route"),
+    Section("tool_checks", "Tool decisions",
+            "requests whose tools route narrowed (offered and kept on average); requests refused for a tool "
+            "their key may not offer (mask's; the door's 403s publish nothing); calls found invalid or "
+            "refused before they left; deployments skipped for serving no tool calls"),
     Section("models", "Requested vs executed model", "the model a caller asked for and the model that ran it"),
     Section("stack_events", "Stack events",
             "the embedded broker restarted (requests in flight then got no pipeline answer: their callers got "

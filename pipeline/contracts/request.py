@@ -117,9 +117,28 @@ class ChatBody(WireModel):
     images: list[str] = Field(default_factory=list, description="image URLs (fetched by media)")
     logprobs: bool = Field(False, description="return one logprob per generated token")
     response_format: ResponseFormat | None = None
+    n: int = Field(1, ge=1, le=8, description="answers to generate (choices)")
+    stop: list[str] = Field(default_factory=list, max_length=4, description="stop sequences (OpenAI's limit: 4)")
+    presence_penalty: float | None = Field(None, ge=-2, le=2)
+    frequency_penalty: float | None = Field(None, ge=-2, le=2)
+    logit_bias: dict[int, float] | None = Field(None, description="token id -> bias in [-100, 100], at most 300")
     tools: list[Tool] = Field(default_factory=list, max_length=MAX_TOOLS)
     tool_choice: Literal["auto", "none", "required"] | NamedToolChoice | None = None
     parallel_tool_calls: bool = True
+
+    @field_validator("stop")
+    @classmethod
+    def _stops(cls, stop: list[str]) -> list[str]:
+        if any(not x or len(x) > 256 for x in stop):
+            raise ValueError("each stop sequence must be 1-256 characters")
+        return stop
+
+    @field_validator("logit_bias")
+    @classmethod
+    def _biases(cls, bias: dict[int, float] | None) -> dict[int, float] | None:
+        if bias is not None and (len(bias) > 300 or any(not -100 <= v <= 100 or k < 0 for k, v in bias.items())):
+            raise ValueError("logit_bias: at most 300 token ids (>= 0), each biased by -100 to 100")
+        return bias
 
     @model_validator(mode="after")
     def _tools_agree(self) -> ChatBody:
@@ -253,6 +272,15 @@ class SampleSummary(WireModel):
     score: float | None = None
 
 
+class Choice(WireModel):
+    """One more answer of a request that asked for `n` > 1 (choice 0 is the section's own text)."""
+
+    index: int = Field(ge=1)
+    text: str
+    tool_calls: list[ToolCall] | None = None
+    finish_reason: str
+
+
 class GenerationSection(WireModel):
     """Filled by generate: what the model produced and what it cost, on which deployment."""
 
@@ -278,6 +306,7 @@ class GenerationSection(WireModel):
     cost_usd: float = 0.0
     actor_revision: str = Field("", description="the weights that produced it: model revision (+ adapter@revision)")
     samples: list[SampleSummary] = Field(default_factory=list, description="rollouts: every sample, scored")
+    choices: list[Choice] = Field(default_factory=list, description="n > 1: the answers after the first")
 
 
 class AdmissionSection(WireModel):

@@ -8,7 +8,7 @@ from typing import Final, Literal
 from pydantic import Field
 
 from pipeline.contracts.base import WireModel, now_ms
-from pipeline.contracts.request import SampleSummary, ToolCall
+from pipeline.contracts.request import Choice, SampleSummary, ToolCall
 
 RESPONSE_SCHEMA: Final = "response/v1"
 
@@ -47,6 +47,7 @@ class Response(WireModel):
     status: Status
     text: str | None = None
     tool_calls: list[ToolCall] | None = Field(None, description="the model's tool calls (finish_reason tool_calls)")
+    choices: list[Choice] = Field(default_factory=list, description="n > 1: the answers after the first")
     finish_reason: str | None = Field(None, description="ok answers: stop | length | tool_calls (the model's), "
                                                         "stop for cache hits")
     error_class: str | None = Field(None, description="machine-readable class, e.g. schema_invalid")

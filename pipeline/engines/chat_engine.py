@@ -23,6 +23,10 @@ class Sampling:
     logprobs: bool = False
     json_schema: dict[str, Any] | None = None  # constrain the output to this JSON Schema
     tools: ToolSpec | None = None  # the tools offered and tool_choice (engines/tool_prompt.py)
+    stop: tuple[str, ...] = ()
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    logit_bias: dict[int, float] | None = None
 
 
 @dataclass

@@ -64,6 +64,14 @@ class OpenAIEngine:
             body["seed"] = s.seed
         if s.logprobs:
             body["logprobs"] = True
+        if s.stop:
+            body["stop"] = list(s.stop)
+        if s.presence_penalty:
+            body["presence_penalty"] = s.presence_penalty
+        if s.frequency_penalty:
+            body["frequency_penalty"] = s.frequency_penalty
+        if s.logit_bias:
+            body["logit_bias"] = {str(k): v for k, v in s.logit_bias.items()}
         if s.json_schema is not None:
             body["response_format"] = {"type": "json_schema",
                                        "json_schema": {"name": "output", "schema": s.json_schema, "strict": True}}

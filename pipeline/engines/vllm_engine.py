@@ -224,7 +224,9 @@ class VllmEngine:
             if sampling.json_schema is not None else None
         return SamplingParams(max_tokens=min(sampling.max_tokens, self.max_model_len - prompt_len),
                               temperature=sampling.temperature, top_p=sampling.top_p, seed=sampling.seed,
-                              logprobs=1 if sampling.logprobs else None, structured_outputs=structured)
+                              logprobs=1 if sampling.logprobs else None, structured_outputs=structured,
+                              stop=list(sampling.stop) or None, presence_penalty=sampling.presence_penalty,
+                              frequency_penalty=sampling.frequency_penalty, logit_bias=sampling.logit_bias)
 
     async def generate(self, messages: list[dict[str, str]], sampling: Sampling,
                        request_id: str | None = None, adapter: AdapterSpec | None = None,

@@ -256,6 +256,27 @@ class FrontDoor:
         return HttpResponse(orjson.dumps(completion(resp, parsed.body.model, token_text)),
                             media_type="application/json", headers=_answer_headers(resp))
 
+    async def models(self, request: Request) -> JSONResponse:
+        """`GET /v1/models`: the configured routes and the deployments, each with what it can do (any
+        authenticated caller's view; a tenant's own restrictions apply when it sends a request)."""
+        try:
+            await self._caller(request.headers.get("authorization"))
+        except HttpError as exc:
+            return self._http_error(exc, uuid.uuid4().hex)
+        # the routes an operator configured (the door never imports a stage: the route policy's own
+        # defaults are not listed), then every deployment with its capabilities
+        spec = next((st for st in self.settings.stages if st.name == "route"), None)
+        routes = (spec.policy or {}).get("routes") if spec is not None else None
+        data = [{"id": name, "object": "model", "created": 0, "owned_by": "llmpipe",
+                 "llmpipe": {"kind": "route", "model": r.get("model"), "deployments": r.get("deployments", [])}}
+                for name, r in (routes or {}).items() if isinstance(r, dict)]
+        data += [{"id": d.name, "object": "model", "created": 0, "owned_by": "llmpipe",
+                  "llmpipe": {"kind": "deployment", "model": d.model, "engine": d.engine, "max_context": d.max_context,
+                              "images": d.images, "json_schema": d.json_schema, "tools": d.serves_tools,
+                              "region": d.region}}
+                 for d in self.settings.deployments]
+        return JSONResponse({"object": "list", "data": data})
+
     async def feedback(self, request: Request) -> JSONResponse:
         """`POST /v1/feedback`: {request_id | episode_id, metric, value, feedback_id?}. Checked here as
         far as the door can (the caller, the metric, the owner), then published with the door's signed
@@ -431,6 +452,7 @@ class FrontDoor:
         app = FastAPI(title="llmpipe", docs_url=None, redoc_url=None, openapi_url=None)
         app.add_api_route("/v1/chat/completions", self.chat_completions, methods=["POST"])
         app.add_api_route("/v1/feedback", self.feedback, methods=["POST"])
+        app.add_api_route("/v1/models", self.models, methods=["GET"])
 
         async def healthz() -> JSONResponse:
             """Liveness: the door runs (a broker outage is not a reason to restart it; see /readyz)."""

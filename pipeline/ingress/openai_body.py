@@ -66,9 +66,9 @@ def chat_body(body: dict[str, Any]) -> ChatBody:
     messages = body.get("messages")
     if not isinstance(messages, list) or not messages:
         raise BodyError("`messages` must be a non-empty list")
-    n = body.get("n", 1)
-    if n not in (None, 1):
-        raise BodyError("`n` other than 1 is not supported: send one request per sample")
+    n = body.get("n") or 1
+    if not isinstance(n, int) or isinstance(n, bool) or not 1 <= n <= 8:
+        raise BodyError("`n` must be an integer from 1 to 8")
     images: list[str] = []
     msgs = []
     for m in messages:
@@ -89,10 +89,36 @@ def chat_body(body: dict[str, Any]) -> ChatBody:
         images=images,
         logprobs=bool(body.get("logprobs", False)),
         response_format=response_format(body.get("response_format")),
+        n=n,
+        stop=_stop(body.get("stop")),
+        presence_penalty=body.get("presence_penalty"),
+        frequency_penalty=body.get("frequency_penalty"),
+        logit_bias=_logit_bias(body.get("logit_bias")),
         tools=_tools(body.get("tools")),
         tool_choice=_tool_choice(body.get("tool_choice")),
         parallel_tool_calls=body.get("parallel_tool_calls", True) is not False,
     )
+
+
+def _stop(value: Any) -> list[str]:
+    if value is None:
+        return []
+    if isinstance(value, str):
+        return [value]
+    if isinstance(value, list) and all(isinstance(x, str) for x in value):
+        return value
+    raise BodyError("`stop` must be a string or a list of strings")
+
+
+def _logit_bias(value: Any) -> dict[int, float] | None:
+    if value is None:
+        return None
+    if not isinstance(value, dict):
+        raise BodyError("`logit_bias` must map token ids to biases")
+    try:
+        return {int(k): float(v) for k, v in value.items()}
+    except (TypeError, ValueError):
+        raise BodyError("`logit_bias` keys must be token ids and its values numbers") from None
 
 
 def _tools(value: Any) -> list[Tool]:
@@ -145,8 +171,7 @@ class ChatRequest:
 
 
 # OpenAI parameters the pipeline cannot honour: refused when set, never silently dropped
-UNSUPPORTED = ("functions", "function_call", "stop", "logit_bias", "top_logprobs", "presence_penalty",
-               "frequency_penalty", "audio", "prediction")
+UNSUPPORTED = ("functions", "function_call", "top_logprobs", "audio", "prediction")
 
 
 def chat_request(body: dict[str, Any]) -> ChatRequest:
@@ -163,5 +188,7 @@ def chat_request(body: dict[str, Any]) -> ChatRequest:
     if not isinstance(opts, dict):
         raise BodyError("`stream_options` must be an object")
     ext = body.get("llmpipe")
+    if stream and (body.get("n") or 1) != 1:
+        raise BodyError("`stream` with `n` > 1 is not supported: stream one choice per request")
     return ChatRequest(body=chat_body(body), stream=stream, include_usage=bool(opts.get("include_usage", False)),
                        extension=Extension.model_validate(ext) if ext is not None else None)

@@ -8,6 +8,7 @@ from collections.abc import Callable
 from typing import Any
 
 from pipeline.contracts import Response, Status
+from pipeline.contracts.request import Choice
 
 # error_class -> HTTP status. The vocabulary is the stages' (mask, admit, media, generate,
 # postprocess, the runtime's DLQ answer); a class not listed falls back by status (see http_status).
@@ -92,8 +93,8 @@ def completion_id(resp: Response) -> str:
     return f"chatcmpl-{resp.request_id}"
 
 
-def message(resp: Response) -> dict[str, Any]:
-    """The answer's assistant message: its text, or its tool calls (content null, as OpenAI sends it)."""
+def message(resp: Response | Choice) -> dict[str, Any]:
+    """An answer's assistant message: its text, or its tool calls (content null, as OpenAI sends it)."""
     if resp.tool_calls:
         return {"role": "assistant", "content": resp.text or None,
                 "tool_calls": [c.model_dump(mode="json") for c in resp.tool_calls]}
@@ -108,6 +109,8 @@ def completion(resp: Response, requested_model: str | None, token_text: TokenTex
         "model": resp.model or requested_model or "llmpipe",
         "choices": [{"index": 0, "message": message(resp),
                      "logprobs": {"content": lp} if lp is not None else None,
-                     "finish_reason": resp.finish_reason or "stop"}],
+                     "finish_reason": resp.finish_reason or "stop"},
+                    *({"index": c.index, "message": message(c), "logprobs": None, "finish_reason": c.finish_reason}
+                      for c in resp.choices)],
         "usage": usage_of(resp), "system_fingerprint": resp.deployment, "llmpipe": llmpipe_extension(resp),
     }

@@ -32,7 +32,7 @@ REQUESTS_COLUMNS = [
     "placement", "cache", "domain", "tokens_in", "tokens_out", "cost_usd", "ttft_ms", "tpot_ms", "e2e_ms", "stage_queue_ms",
     "stage_service_ms", "created", "finished", "replay_id", "image_count", "image_bytes", "image_max_pixels",
     "image_decode_ms", "episode_id", "experiment", "variant", "deployment", "actor_revision", "prompt_token_ids",
-    "token_ids", "logprobs", "samples_requested",
+    "token_ids", "logprobs", "samples_requested", "tool_calls",
 ]
 
 
@@ -48,6 +48,7 @@ def request_row(r: Response) -> list[Any]:
         round(sum(i.decode_ms for i in r.images), 3), r.episode_id or "", r.experiment or "", r.variant or "",
         r.deployment or "", r.actor_revision or "", r.prompt_token_ids or [], r.token_ids or [], r.logprobs or [],
         r.samples_requested,
+        [c.function.name for c in r.tool_calls or ()] + [c.function.name for x in r.choices for c in x.tool_calls or ()],
     ]
 
 

@@ -178,7 +178,7 @@ class AdmitStage(Stage):
         messages = as_chat(doc.body.messages, doc.route.system_prompt if doc.route else None)
         tokens_in = chat_prompt_len(self.tokenizer, messages)
         max_tokens = doc.body.max_tokens or p.assumed_max_tokens
-        n = doc.rollout.n if doc.rollout is not None else 1  # a rollout's samples each use prompt + output
+        n = doc.rollout.n if doc.rollout is not None else doc.body.n  # each sample or choice: prompt + output
         cost = n * worst_case_cost([self.deployments[d] for d in order], tokens_in, max_tokens)
         now = now_ms()
         expires = (doc.deadline_ms + p.hold_grace_ms) if doc.deadline_ms else now + p.hold_without_deadline_ms

@@ -147,6 +147,10 @@ def bypass_reason(doc: RequestDoc, policy: CachePolicy, domain: str) -> str | No
         return "images"
     if doc.body.output_schema() is not None:
         return "structured_output"  # the answer's shape depends on the schema, which no entry records
+    if doc.body.n > 1:
+        return "choices"  # an entry is one answer
+    if doc.body.stop or doc.body.logit_bias:
+        return "sampling_constraints"  # an entry made without them is not the answer they would give
     if not policy.cache_masked_entities and PLACEHOLDER.search(text):
         return "personal_entities"
     rule = policy.domains.get(domain)

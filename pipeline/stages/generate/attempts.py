@@ -9,11 +9,12 @@ from __future__ import annotations
 import statistics
 import time
 from dataclasses import dataclass, field
+from fnmatch import fnmatchcase
 
 from pipeline.config.settings import Deployment
 from pipeline.contracts import Evidence, RequestDoc, Response, Usage
 from pipeline.contracts.adapter import AdapterSpec
-from pipeline.contracts.request import GenerationSection
+from pipeline.contracts.request import Choice, GenerationSection
 from pipeline.engines.chat_engine import Generation, Sampling, as_chat, chat_prompt_len
 from pipeline.engines.tool_prompt import ToolSpec, spec_for
 from pipeline.registries.adapters import AdapterRegistry
@@ -33,12 +34,23 @@ def sampling_for(doc: RequestDoc, policy: GeneratePolicy) -> Sampling:
                     temperature=b.temperature if b.temperature is not None else 0.0,
                     top_p=b.top_p if b.top_p is not None else 1.0, seed=b.seed,
                     logprobs=b.logprobs or doc.rollout is not None,  # a rollout without logprobs trains nothing
-                    json_schema=b.output_schema(), tools=tool_spec(doc))
+                    json_schema=b.output_schema(), tools=tool_spec(doc), stop=tuple(b.stop),
+                    presence_penalty=b.presence_penalty or 0.0, frequency_penalty=b.frequency_penalty or 0.0,
+                    logit_bias=b.logit_bias)
 
 
 def tool_spec(doc: RequestDoc) -> ToolSpec | None:
     """The tools the engine offers the model: the caller's, narrowed by route when it narrowed them."""
     return spec_for(doc.body, doc.route.tools_kept if doc.route is not None else None)
+
+
+def side_effecting(doc: RequestDoc, policy: GeneratePolicy) -> bool:
+    """Declared by the caller, or a tool the policy marks as acting on the world may be called."""
+    if doc.context.tool_side_effects:
+        return True
+    if doc.body.tool_choice == "none" or not policy.side_effect_tools:
+        return False
+    return any(fnmatchcase(t.function.name, p) for t in doc.body.tools for p in policy.side_effect_tools)
 
 
 def needs_for(doc: RequestDoc, prompt_tokens: int, sampling: Sampling, adapter: AdapterSpec | None = None) -> Needs:
@@ -111,7 +123,8 @@ def plan_for(doc: RequestDoc, policy: GeneratePolicy, tokenizer, deployments: li
     needs = needs_for(doc, prompt_tokens, sampling, spec)
     preferred, strict = where_to_run(doc, policy)
     ok, refused = candidates(deployments, preferred, needs, only_preferred=strict)
-    return Plan(messages=messages, sampling=sampling, n=doc.rollout.n if doc.rollout is not None else 1, spec=spec,
+    return Plan(messages=messages, sampling=sampling, n=doc.rollout.n if doc.rollout is not None else doc.body.n,
+                spec=spec,
                 scorer=scorer, prompt_tokens=prompt_tokens, needs=needs, deployments=ok, refused=refused)
 
 
@@ -145,8 +158,9 @@ class Attempted:
 
 
 def section_from(gens: list[Generation], d: Deployment, *, attempts: int, fallback_from: list[str],
-                 adapter: str | None = None) -> GenerationSection:
-    """The first generation is the answer; tokens and cost count every sample (a rollout's n)."""
+                 adapter: str | None = None, rollout: bool = False) -> GenerationSection:
+    """The first generation is the answer, the others its choices (a rollout's samples are summarised
+    apart); tokens and cost count every generation."""
     g = gens[0]
     tokens_in, tokens_out = sum(x.tokens_in for x in gens), sum(x.tokens_out for x in gens)
     cost = (tokens_in * d.cost_per_1k_input + tokens_out * d.cost_per_1k_output) / 1000
@@ -159,7 +173,9 @@ def section_from(gens: list[Generation], d: Deployment, *, attempts: int, fallba
         itl_max_ms=round(max(g.itl_ms), 2) if g.itl_ms else None,
         engine_queue_ms=None if g.engine_queue_ms is None else round(g.engine_queue_ms, 2),
         attempts=attempts, fallback_from=fallback_from, cost_usd=round(cost, 8), adapter=adapter,
-        actor_revision=actor_revision_of(g))
+        actor_revision=actor_revision_of(g),
+        choices=[Choice(index=i, text=x.text, tool_calls=x.tool_calls, finish_reason=x.finish_reason)
+                 for i, x in enumerate(gens[1:], start=1)] if not rollout else [])
 
 
 def billed(resp: Response, gens: list[Generation], d: Deployment) -> Response:

@@ -47,5 +47,8 @@ class GeneratePolicy(PolicyModel):
     adapter_reserve_slots: int = Field(2, ge=0, description="LoRA engines: slots kept for an adapter with nothing "
                                                             "running, so a burst cannot take them all")
     stream: StreamPolicy = Field(default_factory=StreamPolicy, description="how streamed answers are coalesced")
+    side_effect_tools: list[str] = Field(default_factory=list, description="tools (fnmatch patterns) whose calls "
+                                         "act on the world: a request that may call one is not repeated after the "
+                                         "upstream may have acted, unless it has an idempotency key")
     rollout_hooks: RolloutHooks = Field(default_factory=RolloutHooks, description="the verifier and reward hooks "
                                         "a rollout request may name, and their arguments' bounds")

@@ -80,6 +80,8 @@ def candidates(deployments: list[Deployment], preferred: list[str], needs: Needs
 # ---- errors and the retry budget ---------------------------------------------------------------
 
 RETRYABLE = {"connection_refused", "connection_reset", "timeout", "overloaded", "engine_dead", "server_error"}
+# failed before the upstream could act on the request: a side-effecting one may be tried again
+NOT_REACHED = {"connection_refused", "overloaded"}
 NON_RETRYABLE = {"context_too_long", "invalid_request", "content_policy", "unauthorized", "adapter_unavailable",
                  "tool_call_invalid"}
 
@@ -102,8 +104,9 @@ def backoff_ms(request_id: str, attempt: int, p: RetryPolicy) -> int:
 def next_step(error_class: str, *, request_id: str, attempt: int, remaining_ms: int, has_fallback: bool,
               side_effects: bool, idempotency_key: str | None, p: RetryPolicy) -> NextStep:
     """After attempt `attempt` (1-based) failed with `error_class`, with `remaining_ms` to the deadline."""
-    if side_effects and not idempotency_key:
-        return NextStep("give_up", 0, "side-effecting request without an idempotency key is never retried")
+    if side_effects and not idempotency_key and error_class not in NOT_REACHED:
+        return NextStep("give_up", 0, f"{error_class}: the upstream may have acted on this side-effecting request, "
+                                      "which is never repeated without an idempotency key")
     if error_class not in RETRYABLE:
         return NextStep("give_up", 0, f"{error_class} is not retryable")
     if attempt >= p.max_attempts:

@@ -58,6 +58,7 @@ from pipeline.stages.generate.attempts import (
     generated_scores,
     plan_for,
     section_from,
+    side_effecting,
 )
 from pipeline.stages.generate.config import GeneratePolicy
 from pipeline.stages.generate.deployments import (
@@ -418,7 +419,7 @@ class GenerateStage(Stage):
         await self._record(d.name, exc.error_class not in RETRYABLE, exc.error_class)
         step = next_step(exc.error_class, request_id=doc.request_id, attempt=attempt,
                          remaining_ms=(doc.deadline_ms - now_ms()) if doc.deadline_ms else NO_DEADLINE_MS,
-                         has_fallback=has_fallback, side_effects=doc.context.tool_side_effects,
+                         has_fallback=has_fallback, side_effects=side_effecting(doc, self.policy),
                          idempotency_key=doc.idempotency_key, p=self.policy.retry)
         a.failures.append(f"{d.name}:{exc.error_class}")
         self._row(a, "failed", f"{exc.error_class}; next: {step.action} ({step.reason})", d.name,
@@ -443,7 +444,7 @@ class GenerateStage(Stage):
         """The answer: the generation section, a rollout's scored samples, the `ok` and `generated` rows."""
         doc, spec = a.doc, plan.spec
         sec = section_from(done.gens, d, attempts=attempt, fallback_from=list(a.tried[:-1]),
-                           adapter=None if spec is None else spec.name)
+                           adapter=None if spec is None else spec.name, rollout=doc.rollout is not None)
         rollouts = []
         if doc.rollout is not None and plan.scorer is not None:
             rollouts, summary = rollout_rows(
@@ -501,11 +502,12 @@ class GenerateStage(Stage):
 
     async def _sample(self, d: Deployment, doc: RequestDoc, messages: list[dict[str, str]], sampling: Sampling,
                       spec: AdapterSpec | None, n: int, on_delta: OnDelta | None = None) -> list[Generation]:
-        """One generation, or a rollout's n samples side by side (seed + i each, so each is reproducible)."""
+        """One generation, or n side by side (a rollout's samples, a caller's choices: seed + i each, so
+        each is reproducible)."""
         engine = self.engines[d.name]
-        if doc.rollout is None:
+        if n == 1:
             return [await engine.generate(messages, sampling, doc.request_id, adapter=spec, on_delta=on_delta)]
-        seeds = sample_seeds(doc, sampling, n)
+        seeds = sample_seeds(doc, sampling, n)  # n choices, or a rollout's samples: never streamed
         return list(await asyncio.gather(*(
             engine.generate(messages, replace(sampling, seed=seed), f"{doc.request_id}:{i}", adapter=spec)
             for i, seed in enumerate(seeds))))

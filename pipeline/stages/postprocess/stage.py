@@ -7,6 +7,7 @@ writes the finished-request row from the answer.
 from __future__ import annotations
 
 from pipeline.contracts import RequestDoc, Response, Status
+from pipeline.contracts.request import ToolCall
 from pipeline.contracts.response import Usage
 from pipeline.engines.embedder import Embedder, ready_shared_embedder
 from pipeline.engines.tool_prompt import ToolCallInvalid, ToolSpec, check_calls, spec_for
@@ -16,6 +17,12 @@ from pipeline.stages.cache.config import CachePolicy
 from pipeline.stages.cache.semantic import put_record
 from pipeline.stages.postprocess.config import PostprocessPolicy
 from pipeline.stages.postprocess.schema import schema_violation
+
+
+def unmasked_calls(calls: list[ToolCall] | None, mapping: dict) -> list[ToolCall]:
+    return [c.model_copy(update={"function": c.function.model_copy(update={"arguments": unmask(c.function.arguments,
+                                                                                               mapping)})})
+            for c in calls or ()]
 
 
 class PostprocessStage(ThreadedStage):
@@ -45,18 +52,14 @@ class PostprocessStage(ThreadedStage):
             text, source = gen.text, "generation"
         else:
             return self._error(doc, "no_answer", "neither a cache hit nor a generation reached postprocess")
-        calls = list(gen.tool_calls or []) if gen is not None and source == "generation" else []
-        if calls:  # the engine checked them too; this is the last word before the answer leaves
-            try:
-                check_calls([c.model_dump(mode="json") for c in calls],
-                            spec_for(doc.body, doc.route.tools_kept if doc.route else None) or ToolSpec(()))
-            except ToolCallInvalid as exc:
-                return self._error(doc, "tool_call_refused", str(exc), deployment=gen.deployment if gen else None)
-        schema = doc.body.output_schema()
-        problem = schema_violation(text, schema) if schema is not None and not calls else None
-        if problem is not None:  # no silent repair: the caller learns what is wrong
-            return self._error(doc, "schema_invalid", f"the answer does not satisfy the requested JSON schema: {problem}",
-                               deployment=gen.deployment if gen else None)
+        generated = gen if gen is not None and source == "generation" else None
+        calls = list(generated.tool_calls or []) if generated is not None else []
+        choices = list(generated.choices) if generated is not None else []
+        answers = [(0, text, calls), *((c.index, c.text, list(c.tool_calls or [])) for c in choices)]
+        for index, answer, its_calls in answers:  # each choice, never repaired: the caller learns what is wrong
+            refused = self._refusal(doc, answer, its_calls, index if len(answers) > 1 else None)
+            if refused is not None:
+                return self._error(doc, *refused, deployment=gen.deployment if gen else None)
         side = self._write_back(doc, text) if source == "generation" else []
         samples = list(gen.samples) if gen is not None and source == "generation" else []
         unmasked = False
@@ -66,20 +69,39 @@ class PostprocessStage(ThreadedStage):
                 mapping = open_sealed(token, doc.request_id, self.keyring)
             except RestoreError:
                 return self._error(doc, "unmask_failed", "the restore mapping does not open with this stack's keys")
-            text = unmask(text, mapping)
-            calls = [c.model_copy(update={"function": c.function.model_copy(
-                update={"arguments": unmask(c.function.arguments, mapping)})}) for c in calls]
+            text, calls = unmask(text, mapping), unmasked_calls(calls, mapping)
+            choices = [c.model_copy(update={"text": unmask(c.text, mapping),
+                                            "tool_calls": unmasked_calls(c.tool_calls, mapping) or None})
+                       for c in choices]
             samples = [x.model_copy(update={"text": unmask(x.text, mapping)}) for x in samples]
             unmasked = True
         scores = {"unmasked": float(unmasked), "written_back": float(bool(side))} | self._shadow_verdict(doc)
         ev = self.evidence(doc, "answered", f"from_{source}", scores=scores,
                            labels={"domain": cache.domain, "cache": cache.decision} if cache else {})
         resp = self._response(doc, text, source, samples)
-        if calls:
-            resp = resp.model_copy(update={"tool_calls": calls, "finish_reason": "tool_calls"})
+        if calls or choices:
+            resp = resp.model_copy(update={"tool_calls": calls or None, "choices": choices,
+                                           **({"finish_reason": "tool_calls"} if calls else {})})
         out = Outcome.answer(doc, resp, ev)
         out.side = side
         return out
+
+    def _refusal(self, doc: RequestDoc, text: str, calls: list, index: int | None) -> tuple[str, str] | None:
+        """Why this answer (choice `index` of several) may not leave: a tool call that is not one of the
+        offered tools' (the engine checked too: this is the last word), or text outside the schema."""
+        which = f"choice {index}: " if index is not None else ""
+        if calls:
+            try:
+                check_calls([c.model_dump(mode="json") for c in calls],
+                            spec_for(doc.body, doc.route.tools_kept if doc.route else None) or ToolSpec(()))
+            except ToolCallInvalid as exc:
+                return "tool_call_refused", f"{which}{exc}"
+            return None
+        schema = doc.body.output_schema()
+        problem = schema_violation(text, schema) if schema is not None else None
+        if problem is not None:
+            return "schema_invalid", f"{which}the answer does not satisfy the requested JSON schema: {problem}"
+        return None
 
     def _error(self, doc: RequestDoc, error_class: str, reason: str, deployment: str | None = None) -> Outcome:
         resp = Response(request_id=doc.request_id, status=Status.error, error_class=error_class, reason=reason,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 
@@ -117,3 +118,54 @@ def test_migration_017_keeps_an_existing_warehouses_rows_and_rekeys_them(tmp_pat
     r = subprocess.run([sys.executable, "-c", IDENTITIES, str(tmp_path / "wh"), "upgrade"], cwd=ROOT,
                        capture_output=True, text=True, timeout=120)
     assert r.returncode == 0 and r.stdout.strip() == "ok", r.stderr[-3000:]
+
+
+TOOL_SECTIONS = r"""
+import sys, json
+from datetime import datetime, timezone
+from pipeline.analysis.report import build_report
+from pipeline.stores.warehouse import Warehouse
+from pipeline.stores import warehouse_rows as rows
+from pipeline.contracts import Evidence, Response
+from pipeline.contracts.request import Choice, ToolCall
+w = Warehouse("chdb://" + sys.argv[1])
+w.migrate()
+T = 1_700_000_000_000
+def call(name):
+    return ToolCall(id="c-" + name, function={"name": name, "arguments": "{}"})
+answers = [
+    Response(request_id="a", tenant_id="acme", status="ok", answered_by="postprocess", route="support",
+             tool_calls=[call("get_weather"), call("send_email")], finished_ms=T),
+    Response(request_id="b", tenant_id="acme", status="ok", answered_by="postprocess", route="support",
+             tool_calls=[call("get_weather")], choices=[Choice(index=1, text="", tool_calls=[call("get_weather")],
+                                                              finish_reason="tool_calls")], finished_ms=T),
+    Response(request_id="c", tenant_id="acme", status="error", error_class="tool_call_refused",
+             answered_by="postprocess", finished_ms=T),
+    Response(request_id="d", tenant_id="acme", status="rejected", error_class="tool_not_allowed",
+             answered_by="mask", finished_ms=T),
+]
+w.insert("requests", rows.REQUESTS_COLUMNS, [rows.request_row(r) for r in answers])
+decisions = [
+    Evidence(request_id="a", tenant_id="acme", stage="route.tools", decision="narrowed",
+             scores={"tools.offered": 40.0, "tools.kept": 8.0}, finished_ms=T),
+    Evidence(request_id="b", tenant_id="acme", stage="route.tools", decision="narrowed",
+             scores={"tools.offered": 20.0, "tools.kept": 8.0}, finished_ms=T),
+    Evidence(request_id="a", tenant_id="acme", stage="generate.attempt", decision="refused",
+             reason="incompatible: no tool calling", finished_ms=T),
+]
+w.insert("decisions", rows.DECISIONS_COLUMNS, [rows.decision_row(e) for e in decisions])
+doc = build_report(lambda sql, p: w.query(sql, p), datetime.fromtimestamp(T / 1000 - 60, timezone.utc))
+print(json.dumps({k: doc["sections"][k] for k in ("tool_calls", "tool_checks")}))
+"""
+
+
+def test_the_report_counts_tool_calls_narrowing_and_refusals_from_the_raw_rows(tmp_path):
+    r = subprocess.run([sys.executable, "-c", TOOL_SECTIONS, str(tmp_path / "wh")], cwd=ROOT, capture_output=True,
+                       text=True, timeout=120)
+    assert r.returncode == 0, r.stderr[-3000:]
+    got = json.loads(r.stdout.strip().splitlines()[-1])
+    calls = {row["tool"]: (row["calls"], row["requests"]) for row in got["tool_calls"]}
+    assert calls == {"get_weather": (3, 2), "send_email": (1, 1)}, got["tool_calls"]  # a second choice counts
+    (checks,) = got["tool_checks"]
+    assert checks == {"narrowed": 2, "offered_avg": 30.0, "kept_avg": 8.0, "not_allowed": 1, "invalid_calls": 0,
+                      "refused_calls": 1, "deployments_skipped": 1}, checks

@@ -268,3 +268,37 @@ def test_every_choice_is_checked_and_a_bad_one_names_its_index(tmp_path):
         ok[0], Choice(index=2, text="", tool_calls=[rogue], finish_reason="tool_calls")])})
     refused = stage.decide(bad).response
     assert refused.error_class == "tool_call_refused" and refused.reason.startswith("choice 2: ")
+
+
+async def test_choices_and_a_rollouts_samples_each_run_with_their_own_recorded_seed():
+    from types import SimpleNamespace
+
+    from pipeline.contracts import RequestDoc
+    from pipeline.contracts.request import RolloutRequest
+    from pipeline.engines.chat_engine import Generation, Sampling
+    from pipeline.stages.generate.rollouts.samples import sample_seeds
+    from pipeline.stages.generate.stage import GenerateStage
+
+    calls = []
+
+    class Engine:  # records what each engine call was given
+        async def generate(self, messages, sampling, request_id=None, adapter=None, on_delta=None):
+            calls.append((request_id, sampling.seed))
+            return Generation(text="x", prompt_token_ids=[1], token_ids=[2], logprobs=None, finish_reason="stop",
+                              ttft_ms=1.0)
+
+    stage = SimpleNamespace(engines={"d": Engine()})
+    d = SimpleNamespace(name="d")
+    msgs = [{"role": "user", "content": "x"}]
+    plain = RequestDoc(request_id="r", body=chat_request({"messages": msgs}).body)
+    await GenerateStage._sample(stage, d, plain, msgs, Sampling(), None, 1)
+    assert calls == [("r", None)]
+    calls.clear()
+    three = plain.model_copy(update={"body": plain.body.model_copy(update={"n": 3})})
+    await GenerateStage._sample(stage, d, three, msgs, Sampling(), None, 3)
+    base = sample_seeds(three, Sampling(), 1)[0]
+    assert calls == [("r:0", base), ("r:1", base + 1), ("r:2", base + 2)]
+    calls.clear()
+    one = plain.model_copy(update={"rollout": RolloutRequest(group_id="g", n=1)})
+    await GenerateStage._sample(stage, d, one, msgs, Sampling(), None, 1)
+    assert calls == [("r:0", sample_seeds(one, Sampling(), 1)[0])]  # the seed its rollout row records

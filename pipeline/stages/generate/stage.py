@@ -505,7 +505,7 @@ class GenerateStage(Stage):
         """One generation, or n side by side (a rollout's samples, a caller's choices: seed + i each, so
         each is reproducible)."""
         engine = self.engines[d.name]
-        if n == 1:
+        if n == 1 and doc.rollout is None:  # a rollout's one sample still gets its recorded seed
             return [await engine.generate(messages, sampling, doc.request_id, adapter=spec, on_delta=on_delta)]
         seeds = sample_seeds(doc, sampling, n)  # n choices, or a rollout's samples: never streamed
         return list(await asyncio.gather(*(

@@ -178,9 +178,7 @@ async def _broker_restored(up: _Up, broker: EmbeddedBroker, ev: BrokerRestart) -
     s = up.settings
     lost, repaired = up.door_lost, ev.repaired
     await ensure_dev_tenant(s, up.bootstrap)
-    if broker.proc is not None:
-        up.pids["broker"] = broker.proc.pid
-        up.rewrite_pids()
+    up.broker_started(broker)
     await publish_stack_event(s, up.bootstrap, stack_event(
         "broker", "broker_restarted",
         f"the embedded broker exited with {ev.exit_code} and was started again after {ev.down_s:.1f} s; its memory "
@@ -207,9 +205,7 @@ def _roll_hooks(up: _Up, broker: EmbeddedBroker, data_dir: Path) -> RollHooks:
             await up.door.release()
 
     async def rolled(ev: RollEvent) -> None:
-        if broker.proc is not None:
-            up.pids["broker"] = broker.proc.pid
-            up.rewrite_pids()
+        up.broker_started(broker)
         await publish_stack_event(s, up.bootstrap, stack_event(
             "broker", "broker_rolled",
             f"the embedded broker was rolled ({ev.why}): the stack went quiet in {ev.drain_s:.1f} s with new requests "
@@ -252,6 +248,12 @@ class _Up:
                 log.warning("a stack event (%s) could not be published: %s", event.decision, t.exception())
 
         task.add_done_callback(done)
+
+    def broker_started(self, broker: EmbeddedBroker) -> None:
+        """A restarted or rolled broker is a new process: stack.json names it (`llmpipe down` reaps it)."""
+        if broker.proc is not None:
+            self.pids["broker"] = broker.proc.pid
+            self.rewrite_pids()
 
     def rewrite_pids(self) -> None:
         """stack.json names the processes running now (`llmpipe down` reaps them and what they started)."""

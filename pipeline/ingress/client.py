@@ -384,8 +384,10 @@ class Client:
                             idle_after_ms=500, awake_poll_ms=20, doze_max_ms=DOZE_MAX_MS)
         while not self._closing:
             batches = await poller.poll(busy=len(self._pending))
-            for records in batches.values():
-                for rec in records:
+            # deltas first: a stream ends at its terminal answer, and a poll that fetched both must not
+            # end it before the deltas written ahead of that answer (the dict's order is the fetcher's)
+            for tp in sorted(batches, key=lambda tp: tp.topic != self.names.deltas):
+                for rec in batches[tp]:
                     if rec.topic == self.names.deltas:
                         self._deliver_delta(rec.value)
                     else:

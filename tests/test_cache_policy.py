@@ -415,3 +415,46 @@ def test_pairing_prefers_the_same_word_and_counts_order():
     assert out_of_order(["a", "b", "c"], ["c", "a", "b"], same)
     assert not out_of_order(["a", "b", "a"], ["b", "a"], same)
     assert not out_of_order(["a", "x", "b"], ["a", "b", "y"], same)
+
+
+PLAN = {"type": "function", "function": {"name": "get_plan", "parameters": {
+    "type": "object", "properties": {"plan": {"type": "string"}}, "required": ["plan"]}}}
+
+
+def tool_doc(args: str = '{"plan": "pro"}', versions: dict | None = None, tools=(), choice=None,
+             result: str = '{"seats": 10}') -> RequestDoc:
+    """A tool round trip: the question, the model's call, the caller's result."""
+    call = {"id": "call_1", "type": "function", "function": {"name": "get_plan", "arguments": args}}
+    return RequestDoc(request_id="r", tenant_id="t1", context=RequestContext(tool_versions=versions), body={
+        "messages": [{"role": "user", "content": "How many seats does the Pro plan include?"},
+                     {"role": "assistant", "content": "", "tool_calls": [call]},
+                     {"role": "tool", "tool_call_id": "call_1", "content": result}],
+        "tools": list(tools), "tool_choice": choice})
+
+
+def test_tool_results_bypass_unless_opted_in_and_every_result_is_versioned():
+    opted = CachePolicy(cache_versioned_tool_results=True)
+    assert bypass_reason(tool_doc(versions={"call_1": "v7"}), POLICY, "faq") == "tools"  # off by default
+    assert bypass_reason(tool_doc(), opted, "faq") == "tool_result_unversioned"
+    assert bypass_reason(tool_doc(versions={"other": "v7"}), opted, "faq") == "tool_result_unversioned"
+    assert bypass_reason(tool_doc(versions={"call_1": "v7"}), opted, "faq") is None  # by call id
+    assert bypass_reason(tool_doc(versions={"get_plan": "v7"}), opted, "faq") is None  # or by tool name
+    # the answer may still be a call: an entry is a text answer
+    assert bypass_reason(tool_doc(versions={"get_plan": "v7"}, tools=[PLAN]), opted, "faq") == "tools"
+    assert bypass_reason(tool_doc(versions={"get_plan": "v7"}, tools=[PLAN], choice="none"), opted, "faq") is None
+    # placeholders are numbered per request: a masked person's data is not another's
+    masked = tool_doc(args='{"plan": "<PERSON_1>"}', versions={"get_plan": "v7"})
+    assert bypass_reason(masked, opted, "faq") == "personal_entities"
+
+
+def test_the_tool_results_version_arguments_and_tools_join_the_boundary():
+    def version(**kw) -> str:
+        return boundary_for(tool_doc(**kw), POLICY, "faq", "emb@1").data_version
+
+    base = version(versions={"call_1": "v7"})
+    assert base.startswith("+tools:") and base == version(versions={"get_plan": "v7"})
+    assert base == version(args='{ "plan":"pro" }', versions={"call_1": "v7"})  # the same arguments, spaced
+    assert base != version(versions={"call_1": "v8"})  # another version of the result
+    assert base != version(args='{"plan": "team"}', versions={"call_1": "v7"})  # another call
+    assert base != version(versions={"call_1": "v7"}, tools=[PLAN], choice="none")  # other tools in the prompt
+    assert boundary_for(doc("hi", data_version="kb-7"), POLICY, "faq", "emb@1").data_version == "kb-7"

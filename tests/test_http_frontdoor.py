@@ -120,8 +120,8 @@ def test_error_statuses(door):
         acme.chat.completions.create(model="m", messages=hello, temperature=-1)
     assert e.value.body["code"] == "invalid_request" and "temperature" in e.value.body["message"]
     with pytest.raises(openai.UnprocessableEntityError) as e:  # 422: a parameter we cannot honour
-        acme.chat.completions.create(model="m", messages=hello, logprobs=True, top_logprobs=2)
-    assert "`top_logprobs` is not supported" in e.value.body["message"]
+        acme.chat.completions.create(model="m", messages=hello, logprobs=True, top_logprobs=2, stream=True)
+    assert "`top_logprobs` with `stream` is not supported" in e.value.body["message"]
 
     with pytest.raises(openai.APIStatusError) as e:  # 413: a prompt over the tenant's size limit (mask)
         acme.chat.completions.create(model="m", messages=[{"role": "user", "content": "x" * 40_000}])

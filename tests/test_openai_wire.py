@@ -67,6 +67,11 @@ def test_completion_logprobs_spelled_by_the_given_tokenizer():
     assert doc["choices"][0]["logprobs"]["content"][1] == {"token": "t8", "logprob": -1.0, "bytes": [116, 56],
                                                           "top_logprobs": []}
     assert completion(answer(), None)["choices"][0]["logprobs"] is None
+    top = answer(token_ids=[7], logprobs=[-0.1], top_logprobs=[[("a", -0.1), ("b", -2.5)]])
+    assert completion(top, None, token_text=str)["choices"][0]["logprobs"]["content"][0]["top_logprobs"] == [
+        {"token": "a", "logprob": -0.1, "bytes": [97]}, {"token": "b", "logprob": -2.5, "bytes": [98]}]
+    assert chat_request({"messages": [{"role": "user", "content": "hi"}], "logprobs": True,
+                         "top_logprobs": 5}).body.top_logprobs == 5
 
 
 @pytest.mark.parametrize("status,error_class,http", [
@@ -96,7 +101,10 @@ def test_body_parsing_refuses_what_it_cannot_honour():
     assert ok.stream and ok.include_usage and ok.timeout_s == 5 and ok.extension.context.domain == "faq"
     assert "someone@example.com" not in ok.body.model_dump_json()  # `user` is not kept
     for bad, why in [({"n": 9}, "`n`"), ({"tools": [{"type": "function"}]}, r"tools\[0\] function"),
-                     ({"top_logprobs": 3}, "`top_logprobs`"),
+                     ({"top_logprobs": 3}, "`top_logprobs` needs `logprobs: true`"),
+                     ({"top_logprobs": 21, "logprobs": True}, "`top_logprobs` must be"),
+                     ({"top_logprobs": 2, "logprobs": True, "stream": True}, "with `stream`"),
+                     ({"audio": {"voice": "x"}}, "`audio` is not supported"),
                      ({"stream": "yes"}, "`stream`"), ({"messages": []}, "messages")]:
         with pytest.raises(BodyError, match=why):
             chat_request({"messages": [{"role": "user", "content": "hi"}], **bad})

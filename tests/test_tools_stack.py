@@ -92,3 +92,14 @@ def test_n_choices_come_back_each_indexed_and_counted(client):
     assert [c.index for c in r.choices] == [0, 1, 2]
     assert all(c.message.content and c.finish_reason in ("stop", "length") for c in r.choices)
     assert r.usage.completion_tokens >= 3  # all three are billed
+
+
+def test_top_logprobs_rank_the_alternatives_and_greedy_takes_the_first(client):
+    r = client.chat.completions.create(model="small", messages=[{"role": "user", "content": "Say a fruit."}],
+                                       max_tokens=8, temperature=0, logprobs=True, top_logprobs=3)
+    content = r.choices[0].logprobs.content
+    assert len(content) == r.usage.completion_tokens
+    for pos in content:
+        alts = pos.top_logprobs
+        assert len(alts) == 3 and [a.logprob for a in alts] == sorted((a.logprob for a in alts), reverse=True)
+        assert alts[0].token == pos.token and abs(alts[0].logprob - pos.logprob) < 1e-4  # greedy: the likeliest

@@ -116,6 +116,7 @@ class ChatBody(WireModel):
     seed: int | None = None
     images: list[str] = Field(default_factory=list, description="image URLs (fetched by media)")
     logprobs: bool = Field(False, description="return one logprob per generated token")
+    top_logprobs: int = Field(0, ge=0, le=20, description="with logprobs: the most likely tokens at each position")
     response_format: ResponseFormat | None = None
     n: int = Field(1, ge=1, le=8, description="answers to generate (choices)")
     stop: list[str] = Field(default_factory=list, max_length=4, description="stop sequences (OpenAI's limit: 4)")
@@ -180,12 +181,22 @@ class RequestContext(WireModel):
     region: str | None = None
     acl_scope: str = Field("tenant", description="tenant | user:<id> | role:<name> | group:<name>")
     data_version: str | None = Field(None, description="version of the tools/data the answer depends on")
+    tool_versions: dict[str, str] | None = Field(
+        None, max_length=64, description="the version of each tool result in the conversation, by tool_call_id or "
+                                         "tool name (an opted-in cache keeps such answers under those versions)")
     domain: str | None = Field(None, description="caller's domain hint (faq, payments, ...)")
     personalised: bool = False
     tool_side_effects: bool = False
     volatile: bool = Field(False, description="depends on live data (balances, delivery status)")
     residency: list[str] | None = Field(None, description="regions allowed to process the request (None: any)")
     max_cost_usd: float | None = Field(None, ge=0, description="refuse deployments whose estimated cost is higher")
+
+    @field_validator("tool_versions")
+    @classmethod
+    def _short_versions(cls, versions: dict[str, str] | None) -> dict[str, str] | None:
+        if versions and any(not 0 < len(k) <= 64 or not 0 < len(v) <= 128 for k, v in versions.items()):
+            raise ValueError("tool_versions: keys are 1-64 characters, versions 1-128")
+        return versions
 
 
 class CacheSection(WireModel):
@@ -293,6 +304,8 @@ class GenerationSection(WireModel):
     prompt_token_ids: list[int]
     token_ids: list[int]
     logprobs: list[float] | None = None
+    top_logprobs: list[list[tuple[str, float]]] | None = Field(
+        None, description="per generated token, the most likely tokens (text, logprob) when asked for")
     finish_reason: str
     tokens_in: int
     tokens_out: int

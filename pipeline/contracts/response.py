@@ -69,6 +69,8 @@ class Response(WireModel):
                                                                  "were asked for (the warehouse's training record)")
     token_ids: list[int] | None = Field(None, description="generated token ids, when logprobs were asked for")
     logprobs: list[float] | None = Field(None, description="one logprob per generated token, when asked for")
+    top_logprobs: list[list[tuple[str, float]]] | None = Field(
+        None, description="per generated token, the top_logprobs most likely tokens as (text, logprob)")
     cost_usd: float = 0.0
     ttft_ms: float | None = None
     tpot_ms: float | None = None

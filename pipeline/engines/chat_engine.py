@@ -21,6 +21,7 @@ class Sampling:
     top_p: float = 1.0
     seed: int | None = None
     logprobs: bool = False
+    top_logprobs: int = 0  # with logprobs: this many alternatives per position
     json_schema: dict[str, Any] | None = None  # constrain the output to this JSON Schema
     tools: ToolSpec | None = None  # the tools offered and tool_choice (engines/tool_prompt.py)
     stop: tuple[str, ...] = ()
@@ -36,6 +37,7 @@ class Generation:
     token_ids: list[int]
     logprobs: list[float] | None
     finish_reason: str
+    top_logprobs: list[list[tuple[str, float]]] | None = None  # per token: the likeliest (text, logprob)
     ttft_ms: float
     itl_ms: list[float] = field(default_factory=list)  # inter-token latencies (per streamed chunk)
     e2e_ms: float = 0.0

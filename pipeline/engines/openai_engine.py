@@ -64,6 +64,8 @@ class OpenAIEngine:
             body["seed"] = s.seed
         if s.logprobs:
             body["logprobs"] = True
+            if s.top_logprobs:
+                body["top_logprobs"] = s.top_logprobs
         if s.stop:
             body["stop"] = list(s.stop)
         if s.presence_penalty:
@@ -118,6 +120,7 @@ class OpenAIEngine:
         prompt_ids: list[int] = []
         token_ids: list[int] = []
         logprobs: list[float] = []
+        top: list[list[tuple[str, float]]] = []
         finish = None
         fingerprint = ""
         usage: dict = {}
@@ -154,8 +157,12 @@ class OpenAIEngine:
                     last = now
                 text.append(delta)
                 token_ids.extend(int(i) for i in ids)
-                lps = [float(lp["logprob"]) for lp in ((choice.get("logprobs") or {}).get("content") or [])]
+                content = (choice.get("logprobs") or {}).get("content") or []
+                lps = [float(lp["logprob"]) for lp in content]
                 logprobs.extend(lps)
+                if sampling.top_logprobs:
+                    top.extend([(str(t.get("token", "")), float(t["logprob"])) for t in lp.get("top_logprobs") or []]
+                               for lp in content)
                 if on_delta is not None and (delta or ids):
                     on_delta(delta, [int(i) for i in ids], lps if sampling.logprobs else None)
                 finish = choice.get("finish_reason") or finish
@@ -178,7 +185,9 @@ class OpenAIEngine:
             except ToolCallInvalid as exc:
                 raise EngineError("tool_call_invalid", str(exc)) from None
         return Generation(text="".join(text), tool_calls=tool_calls, prompt_token_ids=prompt_ids, token_ids=token_ids,
-                          logprobs=logprobs if sampling.logprobs else None, finish_reason=str(finish or "unknown"),
+                          logprobs=logprobs if sampling.logprobs else None,
+                          top_logprobs=top if sampling.logprobs and sampling.top_logprobs else None,
+                          finish_reason=str(finish or "unknown"),
                           ttft_ms=((first or end) - t0) * 1000, itl_ms=itl, e2e_ms=(end - t0) * 1000,
                           model_revision=self.revision or f"{self.model}@{fingerprint or 'unknown'}",
                           prompt_tokens=_count(usage, "prompt_tokens"), completion_tokens=_count(usage, "completion_tokens"))

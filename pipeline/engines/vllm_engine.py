@@ -224,7 +224,8 @@ class VllmEngine:
             if sampling.json_schema is not None else None
         return SamplingParams(max_tokens=min(sampling.max_tokens, self.max_model_len - prompt_len),
                               temperature=sampling.temperature, top_p=sampling.top_p, seed=sampling.seed,
-                              logprobs=1 if sampling.logprobs else None, structured_outputs=structured,
+                              logprobs=max(1, sampling.top_logprobs) if sampling.logprobs else None,
+                              structured_outputs=structured,
                               stop=list(sampling.stop) or None, presence_penalty=sampling.presence_penalty,
                               frequency_penalty=sampling.frequency_penalty, logit_bias=sampling.logit_bias)
 
@@ -283,6 +284,7 @@ class VllmEngine:
         logprobs = None
         if sampling.logprobs and c.logprobs is not None:
             logprobs = [float(step[tid].logprob) for tid, step in zip(c.token_ids, c.logprobs)]
+        top = _top(c.logprobs, sampling.top_logprobs) if sampling.logprobs and sampling.top_logprobs else None
         end = time.perf_counter()
         m = getattr(final, "metrics", None)
         queue_ms = (m.scheduled_ts - m.queued_ts) * 1000 if m is not None and m.scheduled_ts and m.queued_ts else None
@@ -295,10 +297,20 @@ class VllmEngine:
             text, finish = answer or "", "tool_calls" if calls else finish
         return Generation(engine_queue_ms=queue_ms, text=text, tool_calls=calls or None,
                           prompt_token_ids=list(final.prompt_token_ids or ids),
-                          token_ids=[int(t) for t in c.token_ids], logprobs=logprobs,
+                          token_ids=[int(t) for t in c.token_ids], logprobs=logprobs, top_logprobs=top,
                           finish_reason=finish, ttft_ms=((first or end) - t0) * 1000, itl_ms=itl,
                           e2e_ms=(end - t0) * 1000, model_revision=self.revision,
                           adapter=None if adapter is None else f"{adapter.name}@{adapter.revision}")
+
+
+def _top(steps, k: int) -> list[list[tuple[str, float]]] | None:
+    """The k likeliest tokens at each position, by vLLM's rank (the sampled token is in each step's
+    dict too, ranked wherever it ranks); their text is vLLM's own detokenisation."""
+    if steps is None:
+        return None
+    return [[(str(lp.decoded_token or ""), float(lp.logprob))
+             for lp in sorted((lp for lp in step.values() if lp.rank is not None and lp.rank <= k), key=lambda lp: lp.rank)]
+            for step in steps]
 
 
 def _new_piece(c, logprobs: bool, sent_text: int, sent_ids: int, on_delta: OnDelta) -> tuple[int, int]:

@@ -88,6 +88,7 @@ def chat_body(body: dict[str, Any]) -> ChatBody:
         seed=body.get("seed"),
         images=images,
         logprobs=bool(body.get("logprobs", False)),
+        top_logprobs=_top_logprobs(body),
         response_format=response_format(body.get("response_format")),
         n=n,
         stop=_stop(body.get("stop")),
@@ -98,6 +99,17 @@ def chat_body(body: dict[str, Any]) -> ChatBody:
         tool_choice=_tool_choice(body.get("tool_choice")),
         parallel_tool_calls=body.get("parallel_tool_calls", True) is not False,
     )
+
+
+def _top_logprobs(body: dict[str, Any]) -> int:
+    k = body.get("top_logprobs")
+    if k is None:
+        return 0
+    if not isinstance(k, int) or isinstance(k, bool) or not 0 <= k <= 20:
+        raise BodyError("`top_logprobs` must be an integer from 0 to 20")
+    if k and body.get("logprobs") is not True:
+        raise BodyError("`top_logprobs` needs `logprobs: true`")
+    return k
 
 
 def _stop(value: Any) -> list[str]:
@@ -171,7 +183,7 @@ class ChatRequest:
 
 
 # OpenAI parameters the pipeline cannot honour: refused when set, never silently dropped
-UNSUPPORTED = ("functions", "function_call", "top_logprobs", "audio", "prediction")
+UNSUPPORTED = ("functions", "function_call", "audio", "prediction")
 
 
 def chat_request(body: dict[str, Any]) -> ChatRequest:
@@ -190,5 +202,7 @@ def chat_request(body: dict[str, Any]) -> ChatRequest:
     ext = body.get("llmpipe")
     if stream and (body.get("n") or 1) != 1:
         raise BodyError("`stream` with `n` > 1 is not supported: stream one choice per request")
+    if stream and body.get("top_logprobs"):  # deltas carry one logprob per token, not the alternatives
+        raise BodyError("`top_logprobs` with `stream` is not supported: ask without streaming")
     return ChatRequest(body=chat_body(body), stream=stream, include_usage=bool(opts.get("include_usage", False)),
                        extension=Extension.model_validate(ext) if ext is not None else None)

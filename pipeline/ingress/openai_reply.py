@@ -76,10 +76,12 @@ TokenText = Callable[[int], str]
 def logprobs_content(resp: Response, token_text: TokenText) -> list[dict[str, Any]] | None:
     if resp.token_ids is None or resp.logprobs is None:
         return None
+    top = resp.top_logprobs or [[] for _ in resp.token_ids]
     out = []
-    for tid, lp in zip(resp.token_ids, resp.logprobs):
+    for tid, lp, alts in zip(resp.token_ids, resp.logprobs, top):
         tok = token_text(tid)
-        out.append({"token": tok, "logprob": lp, "bytes": list(tok.encode()), "top_logprobs": []})
+        out.append({"token": tok, "logprob": lp, "bytes": list(tok.encode()),
+                    "top_logprobs": [{"token": t, "logprob": a, "bytes": list(t.encode())} for t, a in alts]})
     return out
 
 

@@ -72,6 +72,9 @@ class CachePolicy(PolicyModel):
         "재고", "품절", "대기", "혼잡", "붐비", "남은 좌석", "남아 있", "남아있",
         # conditions outside
         "weather", "forecast", "traffic", "pollen", "air quality", "날씨", "미세먼지", "교통", "꽃가루"])
+    # answers resting on tool results whose every result the caller versioned (context.tool_versions):
+    # the versions, tools and arguments join the boundary (cache/tool_results.py)
+    cache_versioned_tool_results: bool = False
     # masked PII means the answer is about a person: personal, never shared
     cache_masked_entities: bool = False
     # negation and contrast ("not", 안/못, "instead of", 말고) were the gate's false hits on three

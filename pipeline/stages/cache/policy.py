@@ -24,6 +24,13 @@ from pipeline.stages.cache.lexicon import (
     NEGATION_EN,
     NEGATION_KO,
 )
+from pipeline.stages.cache.tool_results import (
+    PLACEHOLDER,
+    conversation_turns,
+    has_tool_exchange,
+    tool_bypass,
+    tool_results_digest,
+)
 
 # ---- boundaries ------------------------------------------------------------------------------
 
@@ -92,14 +99,20 @@ def boundary_for(doc: RequestDoc, policy: CachePolicy, domain: str, embedding_re
         acl_scope=acl_scope(doc) or "",
         model_revision=policy.model_revision(doc.body.model),
         prompt_revision=prompt_revision(doc, policy),
-        data_version=doc.context.data_version or "",
+        data_version=data_version(doc),
         locale=doc.context.locale,
         embedding_revision=embedding_revision,
         domain=domain,
     )
 
 
-PLACEHOLDER = re.compile(r"<[A-Z_]+_\d+>")
+def data_version(doc: RequestDoc) -> str:
+    """The caller's data version, plus the digest of the tool results the answer rests on (tool_results.py)."""
+    declared = doc.context.data_version or ""
+    if not has_tool_exchange(doc):
+        return declared
+    return f"{declared}+tools:{tool_results_digest(doc)}"
+
 
 
 @lru_cache(maxsize=8)
@@ -134,14 +147,15 @@ def bypass_reason(doc: RequestDoc, policy: CachePolicy, domain: str) -> str | No
         return "personalised"
     if ctx.tool_side_effects:
         return "tool_side_effects"
-    if doc.body.tools or any(m.role == "tool" for m in doc.body.messages):
-        return "tools"  # the answer may be a call, or rest on a tool result no entry records the version of
+    if has_tool_exchange(doc) and (why := tool_bypass(doc, policy.cache_versioned_tool_results)) is not None:
+        return why
     if ctx.volatile:
         return "volatile_data"
     text = cache_text(doc)
     if not text:
         return "no_user_text"
-    if len(doc.body.messages) > 2 or any(m.role == "assistant" for m in doc.body.messages):
+    turns = conversation_turns(doc)
+    if len(turns) > 2 or "assistant" in turns:
         return "conversation_context"  # earlier turns change the meaning of the last one
     if doc.body.images:
         return "images"

@@ -34,6 +34,7 @@ def sampling_for(doc: RequestDoc, policy: GeneratePolicy) -> Sampling:
                     temperature=b.temperature if b.temperature is not None else 0.0,
                     top_p=b.top_p if b.top_p is not None else 1.0, seed=b.seed,
                     logprobs=b.logprobs or doc.rollout is not None,  # a rollout without logprobs trains nothing
+                    top_logprobs=b.top_logprobs if b.logprobs else 0,
                     json_schema=b.output_schema(), tools=tool_spec(doc), stop=tuple(b.stop),
                     presence_penalty=b.presence_penalty or 0.0, frequency_penalty=b.frequency_penalty or 0.0,
                     logit_bias=b.logit_bias)
@@ -167,6 +168,7 @@ def section_from(gens: list[Generation], d: Deployment, *, attempts: int, fallba
     return GenerationSection(
         deployment=d.name, model=d.model, model_revision=g.model_revision, text=g.text, tool_calls=g.tool_calls,
         prompt_token_ids=g.prompt_token_ids, token_ids=g.token_ids, logprobs=g.logprobs,
+        top_logprobs=g.top_logprobs,
         finish_reason=g.finish_reason, tokens_in=tokens_in, tokens_out=tokens_out,
         ttft_ms=round(g.ttft_ms, 2), tpot_ms=None if g.tpot_ms is None else round(g.tpot_ms, 2),
         itl_p50_ms=round(statistics.median(g.itl_ms), 2) if g.itl_ms else None,

@@ -132,6 +132,7 @@ class PostprocessStage(ThreadedStage):
             token_ids=generated.token_ids if want_logprobs else None,  # type: ignore[union-attr]
             prompt_token_ids=generated.prompt_token_ids if want_logprobs else None,  # type: ignore[union-attr]
             logprobs=generated.logprobs if want_logprobs else None,  # type: ignore[union-attr]
+            top_logprobs=generated.top_logprobs if want_logprobs else None,  # type: ignore[union-attr]
             cost_usd=generated.cost_usd if generated else 0.0,
             adapter=gen.adapter if gen else None, placement=route.placement if route else None,
             cache=cache.decision if cache else None,

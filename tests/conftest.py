@@ -101,12 +101,16 @@ def prefix() -> str:
 # A test using one of these (directly or through another fixture) needs a broker, a stack or vLLM.
 INTEGRATION_FIXTURES = frozenset({"broker", "prepared_model", "review_stack", "product_stack"})
 # A test, or a fixture it uses, that constructs one of these loads a model in this process.
-MODEL_LOADER = re.compile(r"\b(Embedder|Masker|TextAnalyzer|MobileNetEncoder)\(")
+MODEL_LOADER = re.compile(r"\b(Embedder|Masker|TextAnalyzer|MobileNetEncoder|narrower_for)\(")
 # What neither rule sees (a test's own broker or `llmpipe up`, a model behind a helper): a file or a
 # test id, its marker and why. The fast lane's guard below fails a test that belongs here.
 MARKED: dict[str, tuple[str, str]] = {
     "tests/test_doorbell.py::test_a_broker_that_is_not_ours_on_our_port_is_refused":
         ("integration", "starts two Tansu brokers of its own"),
+    "tests/test_broker_gate.py::test_tansu_loses_an_acknowledged_record_produced_before_its_topic_exists":
+        ("integration", "starts a Tansu broker of its own"),
+    "tests/test_broker_gate.py::test_the_keeper_restarts_the_broker_behind_a_closed_gate_and_opens_it_once_the_topics_exist":
+        ("integration", "its keeper starts a Tansu broker"),
     "tests/test_embedder.py": ("model", "the embedder, in ONNX and in torch"),
     "tests/test_cache_eval.py": ("model", "`llmpipe cache-eval` in this process loads the embedder"),
     "tests/test_mask_recall.py": ("model", "`llmpipe mask-eval` in this process loads the masker"),

@@ -39,6 +39,21 @@ def test_barrier_needs_every_replica_validated_and_none_rejected():
     assert book.barrier("r2", 2) == (False, "rejected by g3")
 
 
+def test_activate_returns_only_once_every_replica_applied_the_activation():
+    """The barrier's second half: validated is not switched. A replica that has not yet read the
+    activation still samples the previous revision (a clean clone's run saw one request served so)."""
+    book = ActorBook()
+    book.apply(ActorPrepared(spec=spec("r2")))
+    for g in ("g1", "g2"):
+        book.apply(ActorReplicaReport(revision="r2", replica=g, state="validated"))
+    book.apply(ActorActivated(revision="r2", previous=None, reason="2 replicas validated"))
+    assert book.switched("r2", 2) == (False, "0 of 2 replicas switched")
+    book.apply(ActorReplicaReport(revision="r2", replica="g1", state="active"))
+    assert book.switched("r2", 2) == (False, "1 of 2 replicas switched")
+    book.apply(ActorReplicaReport(revision="r2", replica="g2", state="active"))
+    assert book.switched("r2", 2) == (True, "2 replicas switched")
+
+
 def test_rollback_goes_to_the_last_good_revision():
     book = ActorBook()
     for rev in ("r1", "r2", "r3"):

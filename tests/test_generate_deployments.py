@@ -275,6 +275,8 @@ FAILING = {  # name: (region, mock upstream options)
     "effect": ("r-effect", ["--tokens", "100", "--itl-ms", "1000"]),  # times out after it took the request
     "dead": ("r-deadline", None),  # nobody listens
     "healthy": ("r-deadline", []),
+    "textonly": ("r-tools", []),  # preferred, but it says it does not serve tool calls
+    "tooled": ("r-tools", []),
 }
 ATTEMPT_TIMEOUT_MS, COOLDOWN_MS = 5000, 3000
 
@@ -286,7 +288,7 @@ async def failing(broker, prepared_model, tmp_path_factory) -> AsyncIterator[Fai
     with ExitStack() as es:
         ups = {name: es.enter_context(mock_upstream(*args, log=tmp / f"{name}.log"))
                for name, (_, args) in FAILING.items() if args is not None}
-        deployments = [{"name": name, "engine": "openai", "region": region, "tools": True,
+        deployments = [{"name": name, "engine": "openai", "region": region, "tools": name != "textonly",
                         "base_url": ups[name].base_url if name in ups else f"http://127.0.0.1:{free_port()}/v1"}
                        for name, (region, _) in FAILING.items()]
         policy = {"prefer": list(FAILING),
@@ -425,6 +427,22 @@ async def test_a_side_effecting_tool_request_that_timed_out_upstream_is_repeated
     assert (await stats(failing.ups["effect"]))["requests"] == 1 + tried.count("failed") >= 3
 
 
+async def test_a_deployment_without_tool_calling_is_passed_over_for_a_tools_request_and_evidence_says_why(
+        failing: Failing):
+    from pipeline.contracts.request import Tool
+    from tests.support.tools import WEATHER
+
+    b = body("Is it cold in Oslo?", max_tokens=20).model_copy(update={"tools": [Tool.model_validate(WEATHER)]})
+    doc = failing.client.build(body=b, tenant_id="acme", context=RequestContext(residency=["r-tools"]), timeout_s=60)
+    r = await failing.client.request(doc, 60)
+    rows = await failing.rows(r)
+    assert r.status == "ok" and r.deployment == "tooled", r
+    assert attempts_on(rows, "textonly") == [("refused", "incompatible: no tool calling")]
+    assert (await stats(failing.ups["textonly"]))["requests"] == 0, "never sent to the one without tool calling"
+    plain, rows = await failing.ask("r-tools")  # without tools it is the first choice again
+    assert plain.status == "ok" and plain.deployment == "textonly", plain
+
+
 # ---- the one check that needs a model: the openai engine against a real vLLM server ----
 
 
@@ -446,6 +464,9 @@ async def test_openai_engine_gets_schema_output_and_seeded_tokens_from_a_real_vl
         assert g1.token_ids and g1.logprobs and len(g1.logprobs) == len(g1.token_ids), g1
         assert g1.token_ids == g2.token_ids and g1.logprobs == g2.logprobs
         assert g1.prompt_token_ids and g1.tokens_out == len(g1.token_ids), g1
+        ranked = await run("Tell me a fun fact.", Sampling(max_tokens=6, logprobs=True, top_logprobs=2))
+        assert ranked.top_logprobs is not None and len(ranked.top_logprobs) == len(ranked.token_ids), ranked
+        assert all(len(alts) == 2 and alts[0][1] >= alts[1][1] for alts in ranked.top_logprobs), ranked.top_logprobs
     finally:
         await engine.stop()
         await asyncio.to_thread(server.stop)

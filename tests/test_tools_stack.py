@@ -103,3 +103,38 @@ def test_top_logprobs_rank_the_alternatives_and_greedy_takes_the_first(client):
         alts = pos.top_logprobs
         assert len(alts) == 3 and [a.logprob for a in alts] == sorted((a.logprob for a in alts), reverse=True)
         assert alts[0].token == pos.token and abs(alts[0].logprob - pos.logprob) < 1e-4  # greedy: the likeliest
+
+
+def test_parallel_tool_calls_give_one_call_per_city(client):
+    two = [{"role": "user", "content": "What is the weather in Oslo and in Paris? Check both cities."}]
+    r = client.chat.completions.create(model="small", messages=two, tools=[WEATHER], tool_choice="required",
+                                       parallel_tool_calls=True, max_tokens=MAX_TOKENS, temperature=0)
+    calls = r.choices[0].message.tool_calls
+    assert r.choices[0].finish_reason == "tool_calls" and len(calls) >= 2, calls
+    assert len({c.id for c in calls}) == len(calls)  # each call answerable by its own id
+    cities = {valid_call(c, WEATHER)["city"].lower() for c in calls}
+    assert {"oslo", "paris"} <= cities, cities
+
+
+def test_a_streamed_round_trip_call_then_the_answer(client):
+    named = {"type": "function", "function": {"name": "get_weather"}}
+    call: dict = {"id": "", "name": "", "arguments": ""}
+    for chunk in client.chat.completions.create(model="small", messages=ASK, tools=[WEATHER], tool_choice=named,
+                                                max_tokens=MAX_TOKENS, stream=True):
+        for c in chunk.choices:
+            for t in c.delta.tool_calls or ():
+                call["id"] += t.id or ""
+                call["name"] += (t.function.name or "") if t.function else ""
+                call["arguments"] += (t.function.arguments or "") if t.function else ""
+    jsonschema.validate(json.loads(call["arguments"]), WEATHER["function"]["parameters"])
+    history = [*ASK, {"role": "assistant", "content": None, "tool_calls": [
+        {"id": call["id"], "type": "function", "function": {"name": call["name"], "arguments": call["arguments"]}}]},
+        {"role": "tool", "tool_call_id": call["id"], "content": json.dumps({"temp_c": -3, "sky": "snow"})}]
+    text, finish = "", None
+    for chunk in client.chat.completions.create(model="small", messages=history, tools=[WEATHER], tool_choice="none",
+                                                max_tokens=48, stream=True):
+        for c in chunk.choices:
+            assert not c.delta.tool_calls
+            text += c.delta.content or ""
+            finish = c.finish_reason or finish
+    assert text.strip() and finish in ("stop", "length")

@@ -1,6 +1,7 @@
 """`llmpipe actor prepare|activate|rollback|status`: the operator's (or trainer's) side of the actor
 weight lifecycle. `activate` is the barrier: it publishes the activation only once every generate
-replica reported the revision validated."""
+replica reported the revision validated, and returns once every replica reported it active (applied:
+a rollout request sent after it returns samples the new revision, on whichever replica takes it)."""
 
 from __future__ import annotations
 
@@ -125,10 +126,16 @@ def actor_activate(revision: Annotated[str, typer.Argument()],
         time.sleep(1.0)
     if book.active == revision:
         raise CliError(f"actor {revision} is already active")
-    _publish_control(boot, prefix, [(f"actor:{revision}", ActorActivated(revision=revision, previous=book.active,
+    previous = book.active
+    _publish_control(boot, prefix, [(f"actor:{revision}", ActorActivated(revision=revision, previous=previous,
                                                                           reason=why))], settings=s)
-    doc = {"revision": revision, "previous": book.active, "barrier": why}
-    _print_json(doc) if json else out.print(f"activated {revision} (was {book.active}): {why}")
+    while not (switched := _book(boot, prefix, s).switched(revision, replicas))[0]:
+        if time.monotonic() > deadline:  # published: the replicas that apply it late still switch
+            raise CliError(f"actor {revision} was activated, but {switched[1]} within {timeout:.0f}s: "
+                           "replicas that have not applied it still sample the previous revision")
+        time.sleep(0.5)
+    doc = {"revision": revision, "previous": previous, "barrier": why, "switched": switched[1]}
+    _print_json(doc) if json else out.print(f"activated {revision} (was {previous}): {why}; {switched[1]}")
 
 
 @actor_app.command("rollback")

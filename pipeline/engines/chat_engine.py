@@ -37,7 +37,6 @@ class Generation:
     token_ids: list[int]
     logprobs: list[float] | None
     finish_reason: str
-    top_logprobs: list[list[tuple[str, float]]] | None = None  # per token: the likeliest (text, logprob)
     ttft_ms: float
     itl_ms: list[float] = field(default_factory=list)  # inter-token latencies (per streamed chunk)
     e2e_ms: float = 0.0
@@ -45,6 +44,7 @@ class Generation:
     engine_queue_ms: float | None = None  # waiting in the engine's scheduler before the first step
     tool_calls: list[dict[str, Any]] | None = None  # OpenAI tool calls, checked against the offered tools
     adapter: str | None = None  # "name@revision" of the LoRA adapter applied (None: the base model)
+    top_logprobs: list[list[tuple[str, float]]] | None = None  # per token: the likeliest (text, logprob)
     # token counts the server reported (an OpenAI-compatible server without vLLM's token ids still
     # reports usage); None: count the ids
     prompt_tokens: int | None = None

@@ -55,6 +55,14 @@ class ActorBook:
             return False, f"{validated} of {replicas} replicas validated"
         return True, f"{validated} replicas validated"
 
+    def switched(self, revision: str, replicas: int) -> tuple[bool, str]:
+        """(True, ...) once `replicas` replicas report `revision` active: each applied the activation,
+        so a request a replica takes from then on samples it."""
+        active = sorted(r for r, st in self.reports.get(revision, {}).items() if st == "active")
+        if len(active) < replicas:
+            return False, f"{len(active)} of {replicas} replicas switched"
+        return True, f"{len(active)} replicas switched"
+
     def rollback_target(self) -> str | None:
         """The revision active before the current one, skipping rejected ones (None: the base model)."""
         for rev in reversed(self.activations[:-1]):

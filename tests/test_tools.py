@@ -143,6 +143,39 @@ def test_a_named_tool_and_the_tools_already_called_are_always_kept(narrower):
     assert isinstance(narrower, ToolNarrower)
 
 
+def test_a_batch_encodes_its_queries_once_per_encoder_and_reuses_routes_vector(narrower):
+    from pipeline.evaluation.tools import read_catalog
+    from pipeline.stages.route.tools import ToolNarrower, queries
+
+    from pipeline.contracts.request import Tool
+
+    tools = [Tool.model_validate(t) for t in list(read_catalog(DATA / "tools_catalog_train.json").values())[:40]]
+    calls: dict[str, list[list[str]]] = {"minilm": [], "use": []}
+
+    def counted(name):
+        def encode(texts):
+            calls[name].append(list(texts))
+            return narrower.encoders[name](texts)
+        return encode
+
+    counting = ToolNarrower({n: counted(n) for n in narrower.encoders}, narrower.context_weight)
+    convs = [chat_request({"messages": m}).body.messages for m in (
+        [{"role": "user", "content": "Refund my last order please"}],
+        [{"role": "user", "content": "I need a taxi to the airport"}, {"role": "assistant", "content": "When?"},
+         {"role": "user", "content": "at six"}],
+        [{"role": "user", "content": "내일 서울 날씨 알려줘"}])]
+    route_vec = narrower.encoders["minilm"]([queries(convs[0])[0]])[0]  # what route computed for request 0
+    counting.query_vectors(convs, {"minilm": [route_vec, None, None]})  # warm: tool vectors are cached apart
+    calls = {"minilm": [], "use": []}
+    qs = counting.query_vectors(convs, {"minilm": [route_vec, None, None]})
+    # one call, without request 0's last turn (route's vector); request 1's context is its earlier turns
+    assert calls["minilm"] == [["at six", "I need a taxi to the airport\nWhen?", "내일 서울 날씨 알려줘"]], calls
+    assert len(calls["use"]) == 1 and len(calls["use"][0]) == 4  # every query, one call
+    for conv, q in zip(convs, qs):  # the same scores as one request at a time
+        batched, alone = counting.scores(tools, conv, q), narrower.scores(tools, conv)
+        assert batched.keys() == alone.keys() and all(abs(batched[k] - alone[k]) < 1e-3 for k in alone)
+
+
 # ---- authorisation: what a tenant's keys may offer ------------------------------------------------
 
 async def test_a_tenant_offering_a_tool_it_may_not_use_gets_403_before_anything_is_published(tmp_path):

@@ -32,7 +32,7 @@ from pipeline.stages.route.policy import (
     score_routes,
     update_flags,
 )
-from pipeline.stages.route.tools import ToolNarrower, narrower_for
+from pipeline.stages.route.tools import ToolNarrower, narrower_for, queries
 
 
 def route_text(doc: RequestDoc) -> str:
@@ -106,7 +106,7 @@ class RouteStage(Stage):
         embedder = await ready_shared_embedder(self.ctx.settings.resolved_data_dir() / "models")
         adapters = AdapterRegistry(self.ctx.settings.adapters)
         self.router = await asyncio.to_thread(Router, self.policy, embedder, adapters)
-        self.narrower = narrower_for(self.policy.tools)
+        self.narrower = narrower_for(self.policy.tools, embedder)
         await self.follow_control(adapters.apply)  # adapters registered or re-stated while running
 
     def outcome(self, doc: RequestDoc, sec: RouteSection, reused: bool = False) -> Outcome:
@@ -132,13 +132,27 @@ class RouteStage(Stage):
         tools_ev = tools_ev.model_copy(update={"stage": f"{self.name}.tools"})
         return Outcome.forward(doc, ev, placement_ev, tools_ev)
 
-    def narrowed(self, doc: RequestDoc, sec: RouteSection) -> RouteSection:
-        """Tool narrowing (route/tools.py) for a request offering more tools than the policy keeps."""
-        k = self.policy.tools.max_candidates
-        if self.narrower is None or len(doc.body.tools) <= k or doc.body.tool_choice == "none":
-            return sec
-        n = self.narrower.narrow(doc.body.tools, doc.body.messages, k, doc.body.tool_choice)
-        return sec.model_copy(update={"tools_kept": n.kept, "tools_dropped": n.dropped, "tool_scores": n.scores})
+    def narrows(self, doc: RequestDoc) -> bool:
+        return self.narrower is not None and len(doc.body.tools) > self.policy.tools.max_candidates \
+            and doc.body.tool_choice != "none"
+
+    def narrowed_all(self, docs: list[RequestDoc], sections: list[RouteSection],
+                     route_vectors: list[np.ndarray]) -> list[RouteSection]:
+        """Tool narrowing (route/tools.py) for the requests offering more tools than the policy keeps:
+        their queries encoded together, a one-turn request's last turn from route's own vector."""
+        todo = [i for i, d in enumerate(docs) if self.narrows(d)]
+        if not todo or self.narrower is None:
+            return sections
+        known = [route_vectors[i] if queries(docs[i].body.messages)[0] == route_text(docs[i]) else None for i in todo]
+        qs = self.narrower.query_vectors([docs[i].body.messages for i in todo], {"minilm": known})
+        out = list(sections)
+        for i, q in zip(todo, qs):
+            d = docs[i]
+            n = self.narrower.narrow(d.body.tools, d.body.messages, self.policy.tools.max_candidates,
+                                     d.body.tool_choice, q)
+            out[i] = out[i].model_copy(update={"tools_kept": n.kept, "tools_dropped": n.dropped,
+                                               "tool_scores": n.scores})
+        return out
 
     async def process_batch(self, docs: list[RequestDoc]) -> list[Outcome | BaseException]:
         assert self.router is not None, "start() first"
@@ -154,7 +168,7 @@ class RouteStage(Stage):
             now = int(time.time() * 1000)
             # the record's own creation time drives hysteresis, so a replay re-decides identically
             sections = [router.decide(d, v, d.created_ms or now) for d, v in zip(docs, vecs)]
-            return [self.narrowed(d, sec) for d, sec in zip(docs, sections)], reused
+            return self.narrowed_all(docs, sections, vecs), reused
 
         sections, reused = await asyncio.to_thread(run)
         return [self.outcome(d, s, r) for d, s, r in zip(docs, sections, reused)]

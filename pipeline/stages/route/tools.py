@@ -12,6 +12,10 @@ How a tool is scored (deterministic for the same tools, conversation and policy)
 3. Always kept, before the ranking: a tool named by `tool_choice`, and tools the conversation has
    already called (a follow-up such as "and for the other one?" repeats a call).
 4. The rest are ranked by score; ties by name.
+
+A batch of requests encodes its queries once per encoder (`query_vectors`), and the last user turn
+of a one-turn request reuses route's own MiniLM vector of the same text (cache_text): the queries
+cost one batched call, not two model calls per request.
 """
 
 from __future__ import annotations
@@ -27,9 +31,11 @@ import numpy as np
 import orjson
 
 from pipeline.contracts.request import ChatMessage, NamedToolChoice, Tool
+from pipeline.engines.embedder import Embedder
 from pipeline.stages.route.config import ToolsPolicy
 
 Encode = Callable[[list[str]], np.ndarray]  # texts -> L2-normalised rows
+QueryVectors = dict[str, tuple[np.ndarray, np.ndarray | None]]  # encoder -> (last turn, context or None)
 MAX_TOOL_TEXT = 1000  # characters of a tool's text that are embedded (schemas can be long)
 
 
@@ -103,37 +109,57 @@ class ToolNarrower:
             self._vectors.popitem(last=False)
         return np.stack([self._vectors[k] for k in keys])
 
-    def scores(self, tools: Sequence[Tool], messages: Sequence[ChatMessage]) -> dict[str, float]:
-        last, context = queries(messages)
+    def query_vectors(self, conversations: Sequence[Sequence[ChatMessage]],
+                      known: dict[str, list[np.ndarray | None]] | None = None) -> list[QueryVectors]:
+        """Each conversation's (last, context) vectors per encoder, one encode call per encoder for the
+        whole batch. `known[encoder][i]`: that encoder's vector of conversation i's last turn, already
+        computed (None: encode it)."""
+        asked = [queries(m) for m in conversations]
+        out: list[QueryVectors] = [{} for _ in asked]
+        for name, encode in self.encoders.items():
+            have = (known or {}).get(name) or [None] * len(asked)
+            texts: list[str] = []
+            for (last, context), vec in zip(asked, have):
+                texts += ([last] if vec is None else []) + ([context] if context else [])
+            encoded = iter(encode(texts)) if texts else iter(())
+            for i, ((_, context), vec) in enumerate(zip(asked, have)):
+                q_last = next(encoded) if vec is None else vec
+                out[i][name] = (q_last, next(encoded) if context else None)
+        return out
+
+    def scores(self, tools: Sequence[Tool], messages: Sequence[ChatMessage],
+               q: QueryVectors | None = None) -> dict[str, float]:
+        q = q if q is not None else self.query_vectors([messages])[0]
         best = np.full(len(tools), -np.inf)
         for name, encode in self.encoders.items():
             tv = self._tool_vectors(name, encode, tools)
-            q = encode([last, context]) if context else encode([last])
-            s = tv @ q[0]
-            if context:
-                s = s + self.context_weight * (tv @ q[1])
+            q_last, q_context = q[name]
+            s = tv @ q_last
+            if q_context is not None:
+                s = s + self.context_weight * (tv @ q_context)
             best = np.maximum(best, s)
         return {t.function.name: round(float(v), 4) for t, v in zip(tools, best)}
 
     def narrow(self, tools: Sequence[Tool], messages: Sequence[ChatMessage], k: int,
-               choice: Any = None) -> Narrowing:
+               choice: Any = None, q: QueryVectors | None = None) -> Narrowing:
         names = [t.function.name for t in tools]
         always = [n for n in called(messages) if n in names]
         if isinstance(choice, NamedToolChoice) and choice.name not in always:
             always.insert(0, choice.name)
         if len(tools) <= k:
             return Narrowing(kept=names, dropped=[], scores={}, always=always)
-        scores = self.scores(tools, messages)
+        scores = self.scores(tools, messages, q)
         ranked = sorted((n for n in names if n not in always), key=lambda n: (-scores[n], n))
         kept = (always + ranked)[:max(k, len(always))]
         return Narrowing(kept=kept, dropped=[n for n in names if n not in kept], scores=scores, always=always)
 
 
-def narrower_for(policy: ToolsPolicy) -> ToolNarrower:
-    """The narrower with the stack's two shared encoders (loaded on first use)."""
+def narrower_for(policy: ToolsPolicy, minilm: Embedder | None = None) -> ToolNarrower:
+    """The narrower with the stack's two shared encoders (loaded on first use); `minilm`: route's
+    embedder, whose vectors of the last turn the narrower then reuses."""
     from pipeline.engines.embedder import shared_embedder
     from pipeline.engines.multilingual import shared_multilingual
 
-    minilm, use = shared_embedder(), shared_multilingual()
+    minilm, use = minilm or shared_embedder(), shared_multilingual()
     return ToolNarrower({"minilm": lambda texts: minilm.embed(texts), "use": lambda texts: use.encode(texts)},
                         context_weight=policy.context_weight)

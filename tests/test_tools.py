@@ -144,10 +144,9 @@ def test_a_named_tool_and_the_tools_already_called_are_always_kept(narrower):
 
 
 def test_a_batch_encodes_its_queries_once_per_encoder_and_reuses_routes_vector(narrower):
+    from pipeline.contracts.request import Tool
     from pipeline.evaluation.tools import read_catalog
     from pipeline.stages.route.tools import ToolNarrower, queries
-
-    from pipeline.contracts.request import Tool
 
     tools = [Tool.model_validate(t) for t in list(read_catalog(DATA / "tools_catalog_train.json").values())[:40]]
     calls: dict[str, list[list[str]]] = {"minilm": [], "use": []}

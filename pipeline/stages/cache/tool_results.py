@@ -14,10 +14,12 @@ from __future__ import annotations
 
 import hashlib
 import re
+from collections.abc import Iterator
 
 import orjson
 
 from pipeline.contracts import RequestDoc
+from pipeline.contracts.request import ChatMessage, ToolCall
 
 PLACEHOLDER = re.compile(r"<[A-Z_]+_\d+>")
 
@@ -27,20 +29,25 @@ def has_tool_exchange(doc: RequestDoc) -> bool:
     return bool(doc.body.tools) or any(m.role == "tool" or m.tool_calls for m in doc.body.messages)
 
 
+def _results(doc: RequestDoc) -> Iterator[tuple[ChatMessage, ToolCall | None, str | None]]:
+    """Each tool result in the conversation, with the call it answers and that result's declared
+    version (by tool_call_id, else by tool name); None where either is missing."""
+    calls = {c.id: c for m in doc.body.messages for c in (m.tool_calls or ())}
+    versions = doc.context.tool_versions or {}
+    for m in doc.body.messages:
+        if m.role == "tool":
+            call = calls.get(m.tool_call_id or "")
+            yield m, call, None if call is None else versions.get(call.id) or versions.get(call.function.name)
+
+
 def tool_bypass(doc: RequestDoc, opted_in: bool) -> str | None:
     """Why a request with a tool exchange may not use the cache (None: it may, as a versioned answer)."""
     if not opted_in:
         return "tools"  # the answer may be a call, or rest on a tool result no entry records the version of
-    body = doc.body
-    if body.tools and body.tool_choice != "none":
+    if doc.body.tools and doc.body.tool_choice != "none":
         return "tools"  # the answer may be a call: an entry is a text answer
-    calls = {c.id: c for m in body.messages for c in (m.tool_calls or ())}
-    versions = doc.context.tool_versions or {}
-    for m in body.messages:
-        if m.role != "tool":
-            continue
-        call = calls.get(m.tool_call_id or "")
-        if call is None or (versions.get(call.id) or versions.get(call.function.name)) is None:
+    for m, call, version in _results(doc):
+        if call is None or version is None:
             return "tool_result_unversioned"
         if PLACEHOLDER.search(call.function.arguments) or PLACEHOLDER.search(m.content):
             return "personal_entities"  # placeholders number entities per request: not one person's data
@@ -50,17 +57,14 @@ def tool_bypass(doc: RequestDoc, opted_in: bool) -> str | None:
 def tool_results_digest(doc: RequestDoc) -> str:
     """What the answer rests on besides the user's words: each result's (tool, arguments, version) and
     the offered tools. Arguments are compared as parsed JSON, so key order and spacing do not split."""
-    body, versions = doc.body, doc.context.tool_versions or {}
-    calls = {c.id: c for m in body.messages for c in (m.tool_calls or ())}
-    parts: list[object] = [[t.model_dump(mode="json") for t in body.tools]]
-    for m in body.messages:
-        call = calls.get(m.tool_call_id or "") if m.role == "tool" else None
+    parts: list[object] = [[t.model_dump(mode="json") for t in doc.body.tools]]
+    for _, call, version in _results(doc):
         if call is not None:
             try:
                 args: object = orjson.loads(call.function.arguments)
             except orjson.JSONDecodeError:
                 args = call.function.arguments
-            parts.append([call.function.name, args, versions.get(call.id) or versions.get(call.function.name)])
+            parts.append([call.function.name, args, version])
     return hashlib.sha256(orjson.dumps(parts, option=orjson.OPT_SORT_KEYS)).hexdigest()[:16]
 
 
